@@ -1,0 +1,58 @@
+# Agent Lightning — developer commands. `make train` runs the main job; `make test` runs every test suite.
+PYTHON ?= python3
+VENV := .venv
+VENV_CREWAI := .venv-crewai
+# The trainer's torch; pinning it keeps pip on the CPU build where one is available locally.
+TORCH ?= torch==2.13.0
+PIP_FLAGS ?= -q --disable-pip-version-check
+
+MAIN_MEMBERS := -e ./core -e ./integrations/langchain -e ./integrations/autogen -e ./integrations/openai_agents -e ./trainer -e ".[all]"
+CREWAI_MEMBERS := -e ./core -e ./integrations/crewai
+
+.PHONY: setup setup-crewai train test test-main test-crewai lint format bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml core/pyproject.toml trainer/pyproject.toml integrations/*/pyproject.toml requirements-dev.txt
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
+	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH)" $(MAIN_MEMBERS) -r requirements-dev.txt
+	touch $@
+
+setup-crewai: $(VENV_CREWAI)/.installed
+
+$(VENV_CREWAI)/.installed: core/pyproject.toml integrations/crewai/pyproject.toml requirements-crewai.txt
+	test -d $(VENV_CREWAI) || $(PYTHON) -m venv $(VENV_CREWAI)
+	$(VENV_CREWAI)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(VENV_CREWAI)/bin/pip install $(PIP_FLAGS) $(CREWAI_MEMBERS) -r requirements-crewai.txt
+	touch $@
+
+## The main job: a training run on embedded defaults (SQLite store, tiny CPU policy, example agent).
+train: setup
+	$(VENV)/bin/python -m agentlightning_trainer.quickstart
+
+## Every test suite, in every environment; fails if any suite fails or collects no test.
+test: setup setup-crewai
+	bash scripts/run_tests.sh
+
+test-main: setup
+	bash scripts/run_tests.sh main
+
+test-crewai: setup-crewai
+	bash scripts/run_tests.sh crewai
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pyright
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: setup
+	$(VENV)/bin/python -m bench
+
+clean:
+	rm -rf $(VENV) $(VENV_CREWAI) .pytest_cache build dist

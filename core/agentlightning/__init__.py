@@ -1,0 +1,85 @@
+"""Agent Lightning: train the AI agents you already have, without rewriting them.
+
+Public names are loaded lazily so that ``import agentlightning`` stays fast and pulls in no framework.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    # data model
+    "Span": "agentlightning.types",
+    "SpanEvent": "agentlightning.types",
+    "SpanLink": "agentlightning.types",
+    "SpanStatus": "agentlightning.types",
+    "Rollout": "agentlightning.types",
+    "RolloutConfig": "agentlightning.types",
+    "RolloutRequest": "agentlightning.types",
+    "Attempt": "agentlightning.types",
+    "ClaimedRollout": "agentlightning.types",
+    "LLM": "agentlightning.types",
+    "PromptTemplate": "agentlightning.types",
+    "ResourcesSnapshot": "agentlightning.types",
+    "Transition": "agentlightning.types",
+    # emit helpers
+    "emit_reward": "agentlightning.emit",
+    "emit_message": "agentlightning.emit",
+    "emit_object": "agentlightning.emit",
+    "emit_exception": "agentlightning.emit",
+    "emit_annotation": "agentlightning.emit",
+    "operation": "agentlightning.emit",
+    "find_rewards": "agentlightning.emit",
+    "final_reward": "agentlightning.emit",
+    # tracing
+    "rollout_context": "agentlightning.tracing",
+    "current_rollout": "agentlightning.tracing",
+    "get_tracer": "agentlightning.tracing",
+    "LightningTracer": "agentlightning.tracing",
+    # store
+    "LightningStore": "agentlightning.store",
+    "InMemoryLightningStore": "agentlightning.store",
+    "SqliteLightningStore": "agentlightning.store",
+    "SyncLightningStore": "agentlightning.store",
+    "LightningStoreClient": "agentlightning.client",
+    # agents, runner, trainer loop
+    "rollout": "agentlightning.agent",
+    "LitAgent": "agentlightning.agent",
+    "Runner": "agentlightning.runner",
+    "Algorithm": "agentlightning.algorithm",
+    "Trainer": "agentlightning.trainer",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import public names on first use."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentlightning' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from agentlightning.types import (
+        LLM,
+        Attempt,
+        ClaimedRollout,
+        PromptTemplate,
+        ResourcesSnapshot,
+        Rollout,
+        RolloutConfig,
+        RolloutRequest,
+        Span,
+        SpanEvent,
+        SpanLink,
+        SpanStatus,
+        Transition,
+    )

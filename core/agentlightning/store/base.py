@@ -1,0 +1,200 @@
+"""The LightningStore interface: the only contract between agents (runners) and algorithms.
+
+Every backend (in-memory, SQLite, PostgreSQL, and the HTTP client) implements this class and passes the shared
+conformance suite in ``tests/core/store/``. Errors: an unknown id raises :class:`NotFoundError`, an illegal state
+change raises :class:`IllegalTransitionError`, malformed input raises :class:`ValueError`; each message names the id
+and the allowed alternatives. Nothing is partially written when an error is raised.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from agentlightning.types import (
+    Attempt,
+    AttemptStatus,
+    ClaimedRollout,
+    Resource,
+    ResourcesSnapshot,
+    Rollout,
+    RolloutMode,
+    RolloutRequest,
+    RolloutStatus,
+    Span,
+)
+
+
+class StoreError(Exception):
+    """Base class of store errors whose message explains what to do."""
+
+
+class NotFoundError(StoreError, ValueError):
+    """An id (rollout, attempt, resources) does not exist in the store."""
+
+
+class IllegalTransitionError(StoreError, ValueError):
+    """A status change the state machine does not allow (e.g. succeeded -> running)."""
+
+
+class StoreStatistics(BaseModel):
+    """Counts for dashboards, metrics and benchmarks."""
+
+    rollouts_by_status: dict[str, int] = Field(default_factory=dict)
+    attempts_by_status: dict[str, int] = Field(default_factory=dict)
+    total_rollouts: int = 0
+    total_attempts: int = 0
+    total_spans: int = 0
+    span_bytes: int = Field(default=0, description="Approximate stored size of all spans, in bytes.")
+    total_resources: int = 0
+
+
+SortOrder = Literal["asc", "desc"]
+
+
+class LightningStore(ABC):
+    """Async interface of every store backend. See :class:`agentlightning.store.SyncLightningStore` for sync use."""
+
+    # --- rollout queue -------------------------------------------------------------------------------------------
+    @abstractmethod
+    async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+        """Enqueue rollouts in the given order (one transaction); returns them with ids, status ``queuing``."""
+
+    async def enqueue_rollout(
+        self,
+        input: Any,
+        *,
+        mode: RolloutMode | None = None,
+        group_id: str | None = None,
+        resources_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        **config: Any,
+    ) -> Rollout:
+        """Enqueue one rollout; keyword ``config`` fields (timeout_s, max_attempts, ...) form its RolloutConfig."""
+        from agentlightning.types import RolloutConfig
+
+        request = RolloutRequest(
+            input=input,
+            mode=mode,
+            group_id=group_id,
+            resources_id=resources_id,
+            config=RolloutConfig(**config),
+            metadata=dict(metadata or {}),
+        )
+        return (await self.enqueue_rollouts([request]))[0]
+
+    @abstractmethod
+    async def claim_rollout(self, worker_id: str | None = None, *, timeout_s: float | None = None) -> ClaimedRollout | None:
+        """Claim the oldest claimable rollout and create its next attempt (``preparing``).
+
+        ``timeout_s=None`` does not wait (returns None when the queue is empty); a positive value waits up to that
+        long for a rollout to become claimable. Two concurrent claimers never get the same rollout.
+        """
+
+    @abstractmethod
+    async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
+        """Mark a claimed attempt (and its rollout) ``running``."""
+
+    @abstractmethod
+    async def finish_attempt(
+        self, rollout_id: str, attempt_id: str, status: AttemptStatus, *, error: str | None = None
+    ) -> Attempt:
+        """Record an attempt's terminal status and move the rollout accordingly.
+
+        ``succeeded`` -> rollout succeeded. Any failure -> rollout ``requeuing`` when the status is in the rollout's
+        ``retry_on`` and attempts remain, else ``failed``. A superseded attempt (not the rollout's latest) or an
+        already-terminal attempt is not changed: IllegalTransitionError, nothing written.
+        """
+
+    @abstractmethod
+    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+        """Cancel a non-terminal rollout: it is no longer claimable and its live attempt stops counting."""
+
+    @abstractmethod
+    async def update_rollout_metadata(self, rollout_id: str, metadata: Mapping[str, Any]) -> Rollout:
+        """Merge keys into a rollout's metadata."""
+
+    @abstractmethod
+    async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
+        """Prove an attempt is alive (spans do this too)."""
+
+    # --- spans ---------------------------------------------------------------------------------------------------
+    @abstractmethod
+    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+        """Store spans (one transaction) and return them with their ``sequence_id``.
+
+        Idempotent on ``(rollout_id, attempt_id, span_id)``: a span already stored is returned as stored, not
+        duplicated. Every span must name an existing attempt; a span counts as a heartbeat for its attempt.
+        """
+
+    @abstractmethod
+    async def query_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        *,
+        name: str | None = None,
+        after_sequence_id: int = 0,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Span]:
+        """Spans of a rollout ordered by (attempt sequence, span sequence_id); ``"latest"`` = newest attempt only."""
+
+    # --- queries -------------------------------------------------------------------------------------------------
+    @abstractmethod
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        """One rollout; NotFoundError if unknown."""
+
+    @abstractmethod
+    async def query_rollouts(
+        self,
+        *,
+        status: Sequence[RolloutStatus] | None = None,
+        mode: RolloutMode | None = None,
+        rollout_ids: Sequence[str] | None = None,
+        group_id: str | None = None,
+        sort: SortOrder = "asc",
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Rollout]:
+        """Rollouts matching all given filters, ordered by enqueue order."""
+
+    @abstractmethod
+    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
+        """Attempts of a rollout, oldest first; NotFoundError if the rollout is unknown."""
+
+    @abstractmethod
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], *, timeout_s: float | None = None) -> list[Rollout]:
+        """Wait until every given rollout is terminal or the timeout passes; returns those that are terminal."""
+
+    # --- resources -----------------------------------------------------------------------------------------------
+    @abstractmethod
+    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourcesSnapshot:
+        """Store a new immutable snapshot; it becomes the latest."""
+
+    @abstractmethod
+    async def get_resources(self, resources_id: str | None = None) -> ResourcesSnapshot | None:
+        """A snapshot by id (NotFoundError if unknown), or the latest when id is None (None if there is none)."""
+
+    @abstractmethod
+    async def list_resources(self) -> list[ResourcesSnapshot]:
+        """All snapshots, oldest first."""
+
+    # --- operations ----------------------------------------------------------------------------------------------
+    @abstractmethod
+    async def check_timeouts(self, now: int | None = None) -> list[Attempt]:
+        """Watchdog tick: mark attempts past timeout_s as ``timeout`` and silent ones as ``unresponsive``.
+
+        Returns the attempts it changed. ``now`` (ns) defaults to the store clock; tests pass a fake time.
+        """
+
+    @abstractmethod
+    async def statistics(self) -> StoreStatistics:
+        """Counts per status, spans and bytes."""
+
+    async def close(self) -> None:
+        """Release connections and background tasks."""
+        return None

@@ -1,0 +1,3 @@
+"""Agent Lightning integration for crewai: captures the framework's LLM, tool and agent calls as spans."""
+
+__all__: list[str] = []
