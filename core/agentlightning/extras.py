@@ -34,6 +34,6 @@ def require_integration(name: str) -> str:
     if name not in EXTRAS:
         raise ValueError(f"unknown integration {name!r}; known: {sorted(EXTRAS)}")
     raise MissingExtraError(
-        f"the {name} integration is not installed; run: pip install \"agent-lightning[{EXTRAS[name]}]\" "
+        f'the {name} integration is not installed; run: pip install "agent-lightning[{EXTRAS[name]}]" '
         f"(installed: {sorted(found) or 'none'})"
     )

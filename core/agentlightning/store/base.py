@@ -87,7 +87,9 @@ class LightningStore(ABC):
         return (await self.enqueue_rollouts([request]))[0]
 
     @abstractmethod
-    async def claim_rollout(self, worker_id: str | None = None, *, timeout_s: float | None = None) -> ClaimedRollout | None:
+    async def claim_rollout(
+        self, worker_id: str | None = None, *, timeout_s: float | None = None
+    ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout and create its next attempt (``preparing``).
 
         ``timeout_s=None`` does not wait (returns None when the queue is empty); a positive value waits up to that

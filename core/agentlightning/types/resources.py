@@ -57,9 +57,7 @@ class PromptTemplate(BaseModel):
         """Names the template expects."""
         if self.engine == "f-string":
             return frozenset(
-                field.split(".")[0].split("[")[0]
-                for _, field, _, _ in string.Formatter().parse(self.template)
-                if field
+                field.split(".")[0].split("[")[0] for _, field, _, _ in string.Formatter().parse(self.template) if field
             )
         import jinja2
         import jinja2.meta

@@ -58,8 +58,8 @@ class Span(BaseModel):
     end_time: int | None = Field(default=None, description="Nanoseconds since the Unix epoch; None if unfinished.")
     status: SpanStatus = Field(default_factory=SpanStatus)
     attributes: Attributes = Field(default_factory=dict)
-    events: list[SpanEvent] = Field(default_factory=list)
-    links: list[SpanLink] = Field(default_factory=list)
+    events: list[SpanEvent] = Field(default_factory=list[SpanEvent])
+    links: list[SpanLink] = Field(default_factory=list[SpanLink])
     resource: Attributes = Field(default_factory=dict)
 
     @property

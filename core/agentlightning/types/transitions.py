@@ -16,8 +16,8 @@ class Transition(BaseModel):
     agent_name: str | None = Field(default=None, description="gen_ai.agent.name of the call, if known.")
     turn_index: int = Field(description="Position of the call among the rollout's calls (0-based, all agents).")
     span_id: str = Field(description="span_id of the LLM span the transition came from.")
-    prompt_token_ids: list[int] = Field(default_factory=list)
-    response_token_ids: list[int] = Field(default_factory=list)
+    prompt_token_ids: list[int] = Field(default_factory=list[int])
+    response_token_ids: list[int] = Field(default_factory=list[int])
     response_logprobs: list[float] | None = None
     reward: float = Field(description="The call's reward after credit assignment.")
     advantage: float | None = Field(default=None, description="Filled in by advantage estimators.")
