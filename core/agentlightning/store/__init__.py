@@ -7,5 +7,17 @@ from agentlightning.store.base import (
     StoreError,
     StoreStatistics,
 )
+from agentlightning.store.memory import InMemoryLightningStore
+from agentlightning.store.sync import SyncLightningStore
+from agentlightning.store.watchdog import Watchdog
 
-__all__ = ["IllegalTransitionError", "LightningStore", "NotFoundError", "StoreError", "StoreStatistics"]
+__all__ = [
+    "IllegalTransitionError",
+    "InMemoryLightningStore",
+    "LightningStore",
+    "NotFoundError",
+    "StoreError",
+    "StoreStatistics",
+    "SyncLightningStore",
+    "Watchdog",
+]

@@ -1,0 +1,385 @@
+"""InMemoryLightningStore: the fastest backend, for tests and single-process runs (nothing survives the process)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+from agentlightning.store._statemachine import (
+    CLAIMABLE,
+    LIVE_ATTEMPT,
+    ChangeNotifier,
+    attempt_not_found,
+    new_id,
+    op_cancel,
+    op_check_timeouts,
+    op_claim,
+    op_enqueue,
+    op_finish,
+    op_heartbeat,
+    op_start,
+    op_update_metadata,
+    rollout_not_found,
+    span_attempt_keys,
+    wait_until,
+)
+from agentlightning.store.base import LightningStore, NotFoundError, SortOrder, StoreStatistics
+from agentlightning.types import (
+    ROLLOUT_TERMINAL,
+    Attempt,
+    AttemptStatus,
+    ClaimedRollout,
+    Resource,
+    ResourcesSnapshot,
+    Rollout,
+    RolloutMode,
+    RolloutRequest,
+    RolloutStatus,
+    Span,
+)
+
+
+class _AttemptSpans:
+    """Spans of one attempt: by span_id for idempotence, and in sequence order for queries."""
+
+    __slots__ = ("by_id", "ordered")
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, Span] = {}
+        self.ordered: list[Span] = []
+
+
+class _MemoryTxn:
+    """All rows of the memory store, offered to the shared state machine; callers hold the store lock."""
+
+    def __init__(self) -> None:
+        self.rollouts: dict[str, Rollout] = {}
+        self.attempts: dict[str, list[Attempt]] = {}
+        self.claimable: dict[str, None] = {}  # ordered by enqueue order once sorted
+        self.claimable_sorted = True
+        self.live: dict[tuple[str, str], None] = {}
+        self.resources: dict[str, ResourcesSnapshot] = {}
+
+    def get_rollout(self, rollout_id: str) -> Rollout | None:
+        return self.rollouts.get(rollout_id)
+
+    def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None:
+        for rollout in rollouts:
+            self.rollouts[rollout.rollout_id] = rollout
+            self.attempts[rollout.rollout_id] = []
+            self.claimable[rollout.rollout_id] = None
+
+    def update_rollout(self, rollout: Rollout) -> None:
+        self.rollouts[rollout.rollout_id] = rollout
+        if rollout.status in CLAIMABLE:
+            # A requeued rollout keeps its enqueue position: claim order is enqueue order.
+            self.claimable[rollout.rollout_id] = None
+            self.claimable_sorted = False
+        else:
+            self.claimable.pop(rollout.rollout_id, None)
+
+    def first_claimable(self) -> Rollout | None:
+        if not self.claimable_sorted:
+            order = {rid: i for i, rid in enumerate(self.rollouts)}
+            self.claimable = dict.fromkeys(sorted(self.claimable, key=order.__getitem__))
+            self.claimable_sorted = True
+        for rollout_id in self.claimable:
+            return self.rollouts[rollout_id]
+        return None
+
+    def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
+        for attempt in reversed(self.attempts.get(rollout_id, ())):
+            if attempt.attempt_id == attempt_id:
+                return attempt
+        return None
+
+    def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        return list(self.attempts.get(rollout_id, ()))
+
+    def insert_attempt(self, attempt: Attempt) -> None:
+        self.attempts[attempt.rollout_id].append(attempt)
+        self.live[(attempt.rollout_id, attempt.attempt_id)] = None
+
+    def update_attempt(self, attempt: Attempt) -> None:
+        self.attempts[attempt.rollout_id][attempt.sequence_id - 1] = attempt
+        if attempt.status not in LIVE_ATTEMPT:
+            self.live.pop((attempt.rollout_id, attempt.attempt_id), None)
+
+    def live_attempts(self) -> list[Attempt]:
+        return [a for rid, aid in self.live for a in self.attempts[rid] if a.attempt_id == aid]
+
+    def resources_exist(self, resources_id: str) -> bool:
+        return resources_id in self.resources
+
+    def latest_resources_id(self) -> str | None:
+        return next(reversed(self.resources), None)
+
+
+class InMemoryLightningStore(LightningStore):
+    """A LightningStore in process memory, safe for many threads and event loops (one lock guards all state).
+
+    Stored spans share their nested containers (attributes, events) with the caller's objects, which keeps ingest
+    fast: do not mutate a span after handing it to :meth:`add_spans`.
+    """
+
+    def __init__(self, *, clock: Callable[[], int] | None = None) -> None:
+        """Create an empty store; ``clock`` returns nanoseconds since the epoch (tests pass a fake one)."""
+        self._clock: Callable[[], int] = clock or time.time_ns
+        self._lock = threading.Lock()
+        self._notifier = ChangeNotifier()
+        self._txn = _MemoryTxn()
+        self._rollouts = self._txn.rollouts
+        self._attempts = self._txn.attempts
+        self._spans: dict[tuple[str, str], _AttemptSpans] = {}
+        self._all_spans: list[Span] = []
+        self._measured_spans = 0
+        self._span_bytes = 0
+        self._resources = self._txn.resources
+
+    # --- rollout queue -------------------------------------------------------------------------------------------
+    async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+        """Enqueue rollouts in order, all or none; returns them in ``queuing``."""
+        with self._lock:
+            rollouts = op_enqueue(self._txn, requests, self._clock())
+        self._notifier.notify()
+        return [r.model_copy() for r in rollouts]
+
+    def _claim_now(self, worker_id: str | None) -> ClaimedRollout | None:
+        with self._lock:
+            claimed = op_claim(self._txn, worker_id, self._clock())
+        return claimed
+
+    async def claim_rollout(
+        self, worker_id: str | None = None, *, timeout_s: float | None = None
+    ) -> ClaimedRollout | None:
+        """Claim the oldest claimable rollout, waiting up to ``timeout_s`` for one."""
+        if timeout_s is None:
+            return self._claim_now(worker_id)
+        result: ClaimedRollout | None = await wait_until(
+            self._notifier, lambda: self._claim_now(worker_id), timeout_s, time.monotonic, timeout_s
+        )
+        return result
+
+    async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
+        """Mark a claimed attempt and its rollout ``running``."""
+        with self._lock:
+            return op_start(self._txn, rollout_id, attempt_id, self._clock())
+
+    async def finish_attempt(
+        self, rollout_id: str, attempt_id: str, status: AttemptStatus, *, error: str | None = None
+    ) -> Attempt:
+        """Record the attempt's terminal status; the rollout succeeds, is requeued, or fails."""
+        with self._lock:
+            attempt = op_finish(self._txn, rollout_id, attempt_id, status, error, self._clock())
+        self._notifier.notify()
+        return attempt
+
+    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+        """Cancel a non-terminal rollout so it is never claimed again."""
+        with self._lock:
+            rollout = op_cancel(self._txn, rollout_id, self._clock())
+        self._notifier.notify()
+        return rollout.model_copy()
+
+    async def update_rollout_metadata(self, rollout_id: str, metadata: Mapping[str, Any]) -> Rollout:
+        """Merge keys into a rollout's metadata."""
+        with self._lock:
+            return op_update_metadata(self._txn, rollout_id, metadata).model_copy()
+
+    async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
+        """Record that a live attempt is alive."""
+        with self._lock:
+            return op_heartbeat(self._txn, rollout_id, attempt_id, self._clock())
+
+    # --- spans ---------------------------------------------------------------------------------------------------
+    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+        """Store spans idempotently with per-attempt sequence ids; all or none."""
+        keys = span_attempt_keys(spans)
+        with self._lock:
+            now = self._clock()
+            attempts: dict[tuple[str, str], Attempt] = {}
+            for rollout_id, attempt_id in keys:
+                attempt = self._txn.get_attempt(rollout_id, attempt_id)
+                if attempt is None:
+                    if rollout_id not in self._rollouts:
+                        raise NotFoundError(f"span names an unknown attempt: {rollout_not_found(rollout_id)}")
+                    raise attempt_not_found(rollout_id, attempt_id, (a.attempt_id for a in self._attempts[rollout_id]))
+                attempts[(rollout_id, attempt_id)] = attempt
+            stored: list[Span] = []
+            for span in spans:
+                key = (span.rollout_id, span.attempt_id)
+                bucket = self._spans.get(key)
+                if bucket is None:
+                    bucket = self._spans[key] = _AttemptSpans()
+                existing = bucket.by_id.get(span.span_id)
+                if existing is None:
+                    existing = span.model_copy(update={"sequence_id": len(bucket.ordered) + 1})
+                    bucket.by_id[span.span_id] = existing
+                    bucket.ordered.append(existing)
+                    self._all_spans.append(existing)
+                stored.append(existing)
+            for attempt in attempts.values():
+                # A span proves life only for its own attempt; a superseded (terminal) one changes nothing.
+                if attempt.status in LIVE_ATTEMPT:
+                    self._txn.update_attempt(attempt.model_copy(update={"last_heartbeat_time": now}))
+        return stored
+
+    async def query_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        *,
+        name: str | None = None,
+        after_sequence_id: int = 0,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Span]:
+        """Spans of a rollout in (attempt, sequence_id) order, filtered and paged."""
+        with self._lock:
+            attempts = self._attempts.get(rollout_id)
+            if attempts is None:
+                raise rollout_not_found(rollout_id)
+            if attempt_id == "latest":
+                chosen = attempts[-1:]
+            elif attempt_id is None:
+                chosen = list(attempts)
+            else:
+                chosen = [a for a in attempts if a.attempt_id == attempt_id]
+                if not chosen:
+                    raise attempt_not_found(rollout_id, attempt_id, (a.attempt_id for a in attempts))
+            result: list[Span] = []
+            for attempt in chosen:
+                bucket = self._spans.get((rollout_id, attempt.attempt_id))
+                if bucket is None:
+                    continue
+                result.extend(s for s in bucket.ordered[after_sequence_id:] if name is None or s.name == name)
+        end = None if limit is None else offset + limit
+        return result[offset:end]
+
+    # --- queries -------------------------------------------------------------------------------------------------
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        """One rollout; NotFoundError if unknown."""
+        with self._lock:
+            rollout = self._rollouts.get(rollout_id)
+        if rollout is None:
+            raise rollout_not_found(rollout_id)
+        return rollout.model_copy()
+
+    async def query_rollouts(
+        self,
+        *,
+        status: Sequence[RolloutStatus] | None = None,
+        mode: RolloutMode | None = None,
+        rollout_ids: Sequence[str] | None = None,
+        group_id: str | None = None,
+        sort: SortOrder = "asc",
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Rollout]:
+        """Rollouts matching every given filter, in enqueue order (or reversed)."""
+        statuses = None if status is None else frozenset(status)
+        wanted = None if rollout_ids is None else frozenset(rollout_ids)
+        with self._lock:
+            rollouts = list(self._rollouts.values())
+        if sort == "desc":
+            rollouts.reverse()
+        matched = [
+            r
+            for r in rollouts
+            if (statuses is None or r.status in statuses)
+            and (mode is None or r.mode == mode)
+            and (wanted is None or r.rollout_id in wanted)
+            and (group_id is None or r.group_id == group_id)
+        ]
+        end = None if limit is None else offset + limit
+        return [r.model_copy() for r in matched[offset:end]]
+
+    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
+        """Attempts of a rollout, oldest first."""
+        with self._lock:
+            attempts = self._attempts.get(rollout_id)
+            if attempts is None:
+                raise rollout_not_found(rollout_id)
+            return list(attempts)
+
+    def _terminal(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+        with self._lock:
+            missing = [rid for rid in rollout_ids if rid not in self._rollouts]
+            if missing:
+                raise rollout_not_found(missing[0])
+            return [r for r in (self._rollouts[rid] for rid in rollout_ids) if r.status in ROLLOUT_TERMINAL]
+
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], *, timeout_s: float | None = None) -> list[Rollout]:
+        """Wait until every rollout is terminal or the timeout passes; returns the terminal ones."""
+        await wait_until(
+            self._notifier,
+            lambda: len(self._terminal(rollout_ids)) == len(rollout_ids),
+            timeout_s,
+            time.monotonic,
+            60.0 if timeout_s is None else timeout_s,
+        )
+        return [r.model_copy() for r in self._terminal(rollout_ids)]
+
+    # --- resources -----------------------------------------------------------------------------------------------
+    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourcesSnapshot:
+        """Store a new immutable snapshot; it becomes the latest."""
+        with self._lock:
+            snapshot = ResourcesSnapshot(
+                resources_id=new_id("rs"),
+                version=len(self._resources) + 1,
+                create_time=self._clock(),
+                resources=dict(resources),
+            )
+            self._resources[snapshot.resources_id] = snapshot
+        return snapshot
+
+    async def get_resources(self, resources_id: str | None = None) -> ResourcesSnapshot | None:
+        """A snapshot by id, or the latest when id is None."""
+        with self._lock:
+            if resources_id is None:
+                return next(reversed(self._resources.values()), None)
+            snapshot = self._resources.get(resources_id)
+            if snapshot is None:
+                known = ", ".join(self._resources) or "none yet (add_resources() creates one)"
+                raise NotFoundError(f"resources {resources_id!r} not found; known snapshots: {known}")
+            return snapshot
+
+    async def list_resources(self) -> list[ResourcesSnapshot]:
+        """All snapshots, oldest first."""
+        with self._lock:
+            return list(self._resources.values())
+
+    # --- operations ----------------------------------------------------------------------------------------------
+    async def check_timeouts(self, now: int | None = None) -> list[Attempt]:
+        """Watchdog tick: end attempts past their timeout or heartbeat timeout."""
+        with self._lock:
+            changed = op_check_timeouts(self._txn, self._clock() if now is None else now)
+        if changed:
+            self._notifier.notify()
+        return changed
+
+    async def statistics(self) -> StoreStatistics:
+        """Counts per status, spans and approximate span bytes."""
+        with self._lock:
+            # Sizes are measured lazily here, not on ingest, to keep add_spans fast; each span is measured once.
+            for span in self._all_spans[self._measured_spans :]:
+                self._span_bytes += len(span.__pydantic_serializer__.to_json(span))
+            self._measured_spans = len(self._all_spans)
+            rollouts: dict[str, int] = {}
+            for r in self._rollouts.values():
+                rollouts[r.status] = rollouts.get(r.status, 0) + 1
+            attempts: dict[str, int] = {}
+            for attempt_list in self._attempts.values():
+                for a in attempt_list:
+                    attempts[a.status] = attempts.get(a.status, 0) + 1
+            return StoreStatistics(
+                rollouts_by_status=rollouts,
+                attempts_by_status=attempts,
+                total_rollouts=len(self._rollouts),
+                total_attempts=sum(attempts.values()),
+                total_spans=len(self._all_spans),
+                span_bytes=self._span_bytes,
+                total_resources=len(self._resources),
+            )
