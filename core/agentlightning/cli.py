@@ -1,0 +1,386 @@
+"""``agl``: serve a store or the LLM proxy, run runners, inspect a store, check training readiness, dev-run an agent.
+
+Importing this module stays light: every command imports what it needs (server, store backends, rich) when it runs.
+A store is named by URL (``http://127.0.0.1:4747``, served by ``agl store``) or by SQLite file path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from agentlightning.runner import RunnerStats
+    from agentlightning.store.base import LightningStore
+    from agentlightning.types import Span
+
+T = TypeVar("T")
+TOKEN_ENV = "AGL_TOKEN"
+
+app = typer.Typer(
+    name="agl",
+    help="Agent Lightning: train the AI agents you already have.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+StoreOption = Annotated[
+    str, typer.Option("--store", "-s", help="Store URL (http://host:port) or SQLite file path.", show_default=True)
+]
+TokenOption = Annotated[
+    str | None, typer.Option("--token", envvar=TOKEN_ENV, help=f"Bearer token of the store server (env {TOKEN_ENV}).")
+]
+
+
+def _console() -> Console:
+    from rich.console import Console
+
+    return Console()
+
+
+def _open_inspected_store(spec: str, token: str | None) -> LightningStore:
+    """A store to read: a URL, or an existing SQLite file (never create an empty one by mistake)."""
+    from agentlightning.trainer import open_store
+
+    if not spec.startswith(("http://", "https://")) and not Path(spec).exists():
+        raise typer.BadParameter(
+            f"no SQLite store at {spec!r}; pass an existing store file, or the URL of a running `agl store`",
+            param_hint="--store",
+        )
+    return open_store(spec, token=token)
+
+
+def _with_store(spec: str, token: str | None, work: Callable[[LightningStore], Awaitable[T]]) -> T:
+    async def run() -> T:
+        store = _open_inspected_store(spec, token)
+        try:
+            return await work(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+# --- servers ---------------------------------------------------------------------------------------------------------
+@app.command("store")
+def store_command(
+    backend: Annotated[
+        Literal["sqlite", "memory", "postgres"], typer.Option(help="Storage backend of the server.")
+    ] = "sqlite",
+    path: Annotated[Path, typer.Option(help="SQLite database file (sqlite backend).")] = Path("runs/store.db"),
+    dsn: Annotated[str | None, typer.Option(help="PostgreSQL DSN (postgres backend).")] = None,
+    host: Annotated[str, typer.Option(help="Interface to bind; anything but loopback requires --token.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 4747,
+    token: TokenOption = None,
+) -> None:
+    """Serve a LightningStore over HTTP (REST under /v1 and OTLP/HTTP POST /v1/traces)."""
+    from agentlightning.server import serve_store
+
+    if backend == "sqlite":
+        path.parent.mkdir(parents=True, exist_ok=True)
+    serve_store(backend=backend, path=str(path), dsn=dsn, host=host, port=port, token=token)
+
+
+@app.command("proxy")
+def proxy_command(
+    upstream: Annotated[str, typer.Option(help="OpenAI-compatible base URL of the model server (…/v1).")],
+    store: Annotated[str, typer.Option("--store", "-s", help="URL of the store server that receives LLM spans.")],
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 4748,
+) -> None:
+    """Serve the LLM proxy: records every call (with engine token ids) as a span of its rollout."""
+    from agentlightning.proxy import serve_proxy
+
+    serve_proxy(upstream=upstream, store_url=store, host=host, port=port)
+
+
+# --- runners ---------------------------------------------------------------------------------------------------------
+@app.command("runner")
+def runner_command(
+    store: StoreOption,
+    agent: Annotated[str, typer.Option(help="The agent to run, as module:function (or module:LitAgentClass).")],
+    workers: Annotated[int, typer.Option(min=1, help="Concurrent workers (asyncio tasks) per process.")] = 4,
+    processes: Annotated[int, typer.Option(min=1, help="Runner processes to start on this machine.")] = 1,
+    max_rollouts: Annotated[
+        int | None, typer.Option(help="Stop after claiming this many rollouts (per process); default: run until ^C.")
+    ] = None,
+    heartbeat_interval: Annotated[float, typer.Option(help="Seconds between heartbeats of a running attempt.")] = 5.0,
+    worker_id: Annotated[str | None, typer.Option(help="Prefix of worker ids; default <host>-<pid>.")] = None,
+    token: TokenOption = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
+) -> None:
+    """Claim rollouts from a store and run the agent on them until stopped (^C, SIGTERM) or --max-rollouts."""
+    from agentlightning.agent import load_agent
+    from agentlightning.runner import default_worker_prefix
+
+    if processes > 1:
+        child_args = ["runner", "--store", store, "--agent", agent, "--workers", str(workers)]
+        child_args += ["--heartbeat-interval", str(heartbeat_interval)]
+        if max_rollouts is not None:
+            child_args += ["--max-rollouts", str(max_rollouts)]
+        if token is not None:
+            child_args += ["--token", token]
+        prefix = worker_id or default_worker_prefix()
+        raise typer.Exit(_run_processes([[*child_args, "--worker-id", f"{prefix}-p{i}"] for i in range(processes)]))
+    try:
+        lit_agent = load_agent(agent)
+    except (ValueError, TypeError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--agent") from exc
+    stats = asyncio.run(
+        _run_runner(lit_agent, store, token, workers, max_rollouts, heartbeat_interval, worker_id, quiet)
+    )
+    if not quiet:
+        _console().print(
+            f"runner done: {stats.succeeded} succeeded, {stats.failed} failed, {stats.timed_out} timed out, "
+            f"{stats.lost} not recorded"
+        )
+
+
+def _run_processes(argvs: list[list[str]]) -> int:
+    """Start one ``agl runner`` process per argv; forward ^C/SIGTERM to them; return the worst exit code."""
+    children = [subprocess.Popen([sys.executable, "-m", "agentlightning.cli", *argv, "--quiet"]) for argv in argvs]
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return max(child.wait() for child in children)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+async def _run_runner(
+    agent: Any,
+    store_spec: str,
+    token: str | None,
+    workers: int,
+    max_rollouts: int | None,
+    heartbeat_interval_s: float,
+    worker_id: str | None,
+    quiet: bool,
+) -> RunnerStats:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from agentlightning.runner import AttemptOutcome, Runner
+    from agentlightning.trainer import open_store
+
+    store = open_store(store_spec, token=token)
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=quiet, transient=True
+    ) as progress:
+        bar = progress.add_task(f"runner ({workers} workers): waiting for rollouts", total=None)
+        counts = {"succeeded": 0, "other": 0}
+
+        def on_attempt(outcome: AttemptOutcome) -> None:
+            counts["succeeded" if outcome.status == "succeeded" else "other"] += 1
+            progress.update(
+                bar, description=f"runner ({workers} workers): {counts['succeeded']} succeeded, {counts['other']} not"
+            )
+
+        runner = Runner(
+            agent,
+            store,
+            n_workers=workers,
+            worker_id=worker_id,
+            heartbeat_interval_s=heartbeat_interval_s,
+            on_attempt=on_attempt,
+        )
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, runner.stop)
+        try:
+            return await runner.run(max_rollouts=max_rollouts)
+        finally:
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
+            await store.close()
+
+
+# --- inspection ------------------------------------------------------------------------------------------------------
+def _format_time(ns: int | None) -> str:
+    import datetime
+
+    if ns is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@app.command("rollouts")
+def rollouts_command(
+    store: StoreOption = "runs/store.db",
+    status: Annotated[list[str] | None, typer.Option(help="Only these statuses (repeatable).")] = None,
+    mode: Annotated[str | None, typer.Option(help="Only this mode: train, val or test.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Newest rollouts to show.")] = 20,
+    token: TokenOption = None,
+) -> None:
+    """List a store's rollouts, newest first, with attempts, final reward and the last error."""
+    from rich.table import Table
+
+    from agentlightning.algorithms.baseline import rollout_reward
+
+    async def work(s: LightningStore) -> Table:
+        rollouts = await s.query_rollouts(
+            status=status,  # pyright: ignore[reportArgumentType]  # typer gives str; the store validates the names
+            mode=mode,  # pyright: ignore[reportArgumentType]  # same: validated by the store
+            sort="desc",
+            limit=limit,
+        )
+        table = Table(title=f"rollouts in {store} (newest {limit})")
+        for column in ("rollout", "status", "mode", "attempts", "reward", "enqueued (UTC)", "last error"):
+            table.add_column(column, overflow="fold")
+        for rollout in rollouts:
+            attempts = await s.query_attempts(rollout.rollout_id)
+            reward = await rollout_reward(s, rollout.rollout_id)
+            table.add_row(
+                rollout.rollout_id,
+                rollout.status,
+                rollout.mode or "-",
+                str(len(attempts)),
+                "-" if reward is None else f"{reward:.4f}",
+                _format_time(rollout.enqueue_time),
+                (attempts[-1].error or "") if attempts else "",
+            )
+        return table
+
+    _console().print(_with_store(store, token, work))
+
+
+def _span_summary(span: Span) -> str:
+    from agentlightning import semconv
+
+    interesting = {
+        k: v
+        for k, v in span.attributes.items()
+        if k.startswith(semconv.REWARD_PREFIX) or k in (semconv.GEN_AI_REQUEST_MODEL, semconv.GEN_AI_AGENT_NAME)
+    }
+    if span.status.code == "ERROR":
+        interesting["status"] = f"ERROR {span.status.message or ''}".strip()
+    text = ", ".join(f"{k.removeprefix('agentlightning.')}={v}" for k, v in interesting.items())
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+@app.command("spans")
+def spans_command(
+    rollout_id: Annotated[str, typer.Argument(help="The rollout whose spans to show.")],
+    store: StoreOption = "runs/store.db",
+    attempt: Annotated[str, typer.Option(help="'latest', 'all', or an attempt id.")] = "latest",
+    limit: Annotated[int | None, typer.Option(min=1, help="Show at most this many spans.")] = None,
+    token: TokenOption = None,
+) -> None:
+    """List the spans of one rollout in store order."""
+    from rich.table import Table
+
+    async def work(s: LightningStore) -> Table:
+        spans = await s.query_spans(rollout_id, None if attempt == "all" else attempt, limit=limit)
+        table = Table(title=f"spans of {rollout_id} ({attempt} attempt{'s' if attempt == 'all' else ''})")
+        for column in ("seq", "attempt", "name", "span", "parent", "ms", "attributes"):
+            table.add_column(column, overflow="fold")
+        for span in spans:
+            duration = span.duration_s
+            table.add_row(
+                str(span.sequence_id),
+                span.attempt_id,
+                span.name,
+                span.span_id,
+                span.parent_id or "-",
+                "-" if duration is None else f"{duration * 1000:.1f}",
+                _span_summary(span),
+            )
+        return table
+
+    try:
+        _console().print(_with_store(store, token, work))
+    except ValueError as exc:  # unknown rollout/attempt: the store's message says which ids exist
+        _console().print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+
+
+@app.command("check")
+def check_command(
+    store: StoreOption = "runs/store.db",
+    agent: Annotated[list[str] | None, typer.Option(help="Train only calls of these agents (repeatable).")] = None,
+    token: TokenOption = None,
+) -> None:
+    """Check that a store's rollouts are trainable (calls, token ids, rewards); exit 1 if nothing is."""
+    from agentlightning.adapter import check_store
+
+    console = _console()
+    report = _with_store(store, token, lambda s: check_store(s, agents=agent or None))
+    report.render(console)
+    if not report.trainable:
+        raise typer.Exit(1)
+
+
+# --- dev -------------------------------------------------------------------------------------------------------------
+def _load_tasks(path: Path) -> list[Any]:
+    """Tasks from a JSON Lines file: one JSON value per line, blank lines skipped."""
+    if not path.exists():
+        raise typer.BadParameter(f"no tasks file at {str(path)!r}", param_hint="--tasks")
+    tasks: list[Any] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            tasks.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise typer.BadParameter(
+                f"{path}:{number} is not JSON ({exc.msg}); a tasks file has one JSON value per line",
+                param_hint="--tasks",
+            ) from exc
+    if not tasks:
+        raise typer.BadParameter(f"{path} holds no tasks", param_hint="--tasks")
+    return tasks
+
+
+@app.command("dev")
+def dev_command(
+    agent: Annotated[str, typer.Option(help="The agent to run, as module:function (or module:LitAgentClass).")],
+    tasks: Annotated[Path, typer.Option(help="JSON Lines file: one task per line.")],
+    workers: Annotated[int, typer.Option(min=1, help="Concurrent runner workers.")] = 4,
+    timeout: Annotated[float | None, typer.Option(help="Per-attempt timeout in seconds.")] = None,
+    store: Annotated[
+        str | None, typer.Option("--store", "-s", help="Store URL or SQLite path; default: in memory.")
+    ] = None,
+) -> None:
+    """Run each task once with the baseline algorithm; print spans, rewards and transitions per rollout."""
+    from agentlightning.agent import load_agent
+    from agentlightning.trainer import Trainer
+
+    task_list = _load_tasks(tasks)
+    try:
+        lit_agent = load_agent(agent)
+    except (ValueError, TypeError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--agent") from exc
+    rows = Trainer(store=store, n_runners=workers, token=os.environ.get(TOKEN_ENV)).dev(
+        lit_agent, task_list, timeout_s=timeout
+    )
+    if not any(row.status == "succeeded" for row in rows):
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    """Console entry point of ``agl``."""
+    # The current directory is importable, as with `python -m`, so `--agent my_agent:solve` finds ./my_agent.py.
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,394 @@
+"""The runner: claims rollouts from a store, runs the agent on each, and records how every attempt ended.
+
+One :class:`Runner` drives ``n_workers`` asyncio tasks against one :class:`LightningStore` (local, or a
+:class:`~agentlightning.client.LightningStoreClient`). Per claimed rollout a worker fetches the resources snapshot the
+attempt names (else the latest), starts the attempt, runs the agent inside :func:`rollout_context` with the rollout's
+``timeout_s`` while heartbeating, emits the returned reward as a reward span, flushes the tracer so every span is in
+the store, and only then finishes the attempt — so an algorithm that sees a rollout succeed reads all of its spans.
+Sync agents run on their own daemon thread each, so they neither block the loop nor keep a stopped process alive
+when they hang. Agent errors fail the attempt (``"<ExceptionType>: <message>"``) and the worker moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agentlightning.agent import LitAgent, as_agent, normalize_reward
+from agentlightning.store.base import LightningStore, StoreError
+from agentlightning.types import Attempt, AttemptStatus, ClaimedRollout, ResourcesSnapshot, Rollout
+
+logger = logging.getLogger(__name__)
+
+# Longest error text stored on an attempt; tracebacks stay in the logs.
+_MAX_ERROR_CHARS = 2000
+
+
+class _Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+@dataclass
+class RunnerStats:
+    """How the attempts of one :meth:`Runner.run` ended, as this runner saw them."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    lost: int = field(default=0, metadata={"doc": "finish refused: the watchdog or another worker got there first"})
+
+    @property
+    def finished(self) -> int:
+        """Attempts this runner ran to an end (any outcome)."""
+        return self.succeeded + self.failed + self.timed_out + self.lost
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """What a worker recorded for one attempt (given to ``on_attempt`` callbacks, e.g. progress bars)."""
+
+    rollout_id: str
+    attempt_id: str
+    worker_id: str
+    status: AttemptStatus
+    error: str | None
+    recorded: bool
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``"<Type>: <message>"`` as stored on a failed attempt."""
+    message = str(exc)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 3] + "..."
+
+
+def default_worker_prefix() -> str:
+    """``<host>-<pid>``: unique per process on a machine, readable in ``agl rollouts``."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def _call_in_thread(function: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """Run a sync agent on a fresh daemon thread with the caller's context (so the rollout context follows it).
+
+    Not ``asyncio.to_thread``: the default executor's threads are joined at interpreter exit, so one agent hanging
+    past its timeout would keep a stopped runner process alive forever.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(ok: bool, value: Any) -> None:
+        if future.done():  # timed out and cancelled meanwhile
+            return
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def target() -> None:
+        try:
+            result = context.run(function, *args, **kwargs)
+        except BaseException as exc:  # handed to the awaiting worker, which records it on the attempt
+            loop.call_soon_threadsafe(settle, False, exc)
+        else:
+            loop.call_soon_threadsafe(settle, True, result)
+
+    threading.Thread(target=target, name="agl-agent", daemon=True).start()
+    return await future
+
+
+class _Flusher:
+    """Coalesces the flushes of many workers into rounds of one blocking ``tracer.flush`` on a thread.
+
+    A worker's spans are enqueued before it asks, and a round starts only after every worker waiting on it asked,
+    so each round covers all of them. ``tracer.flush`` blocks, and the sink may need the event loop to store spans,
+    hence the thread; one thread per round rather than per worker keeps 32 workers from filling the executor.
+    """
+
+    def __init__(self, tracer: Any, timeout_s: float) -> None:
+        self._tracer = tracer
+        self._timeout_s = timeout_s
+        self._next: asyncio.Future[bool] | None = None
+        self._pumping = False
+        self._pump_task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references to tasks
+
+    async def flush(self) -> bool:
+        """Wait until every span finished before the call is delivered; False if some were lost or it timed out."""
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        round_ = self._next
+        if not self._pumping:
+            self._pumping = True
+            self._pump_task = asyncio.get_running_loop().create_task(self._pump())
+        return await asyncio.shield(round_)
+
+    async def _pump(self) -> None:
+        try:
+            while self._next is not None:
+                round_, self._next = self._next, None
+                try:
+                    ok = bool(await asyncio.to_thread(self._tracer.flush, self._timeout_s))
+                except Exception:  # a broken sink must not stop the runner; the tracer counts its own drops
+                    logger.warning("tracer flush failed; some spans may be missing from the store", exc_info=True)
+                    ok = False
+                round_.set_result(ok)
+        finally:
+            self._pumping = False
+
+
+class Runner:
+    """Claims rollouts from ``store`` with ``n_workers`` concurrent workers and runs ``agent`` on each."""
+
+    def __init__(
+        self,
+        agent: LitAgent | Callable[..., Any],
+        store: LightningStore,
+        *,
+        n_workers: int = 1,
+        worker_id: str | None = None,
+        heartbeat_interval_s: float = 10.0,
+        tracer: Any | None = None,
+        poll_interval_s: float = 0.5,
+        flush_timeout_s: float = 10.0,
+        on_attempt: Callable[[AttemptOutcome], None] | None = None,
+    ) -> None:
+        if n_workers < 1:
+            raise ValueError(f"n_workers must be at least 1; got {n_workers}")
+        if heartbeat_interval_s <= 0:
+            raise ValueError(f"heartbeat_interval_s must be positive; got {heartbeat_interval_s}")
+        self.agent = as_agent(agent)
+        self.store = store
+        self.n_workers = n_workers
+        self.worker_prefix = worker_id or default_worker_prefix()
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.poll_interval_s = poll_interval_s
+        self.flush_timeout_s = flush_timeout_s
+        self.on_attempt = on_attempt
+        self.stats = RunnerStats()
+        self._tracer = tracer
+        self._owned_tracer: Any | None = None
+        self._flusher: _Flusher | None = None
+        self._stop = threading.Event()  # threading, not asyncio: stop() may come from a signal handler or thread
+        self._resources: dict[str, ResourcesSnapshot] = {}
+        self._budget: int | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the workers to stop after their current attempt (safe from any thread)."""
+        self._stop.set()
+
+    async def run(self, max_rollouts: int | None = None, stop_event: _Flag | None = None) -> RunnerStats:
+        """Work until ``max_rollouts`` are claimed, :meth:`stop` is called or ``stop_event`` is set; returns stats."""
+        if max_rollouts is not None and max_rollouts < 0:
+            raise ValueError(f"max_rollouts must be >= 0 or None; got {max_rollouts}")
+        self._stop.clear()
+        self._budget = max_rollouts
+        self._flusher = _Flusher(self._start_tracing(), self.flush_timeout_s)
+        workers = [
+            asyncio.create_task(self._work(f"{self.worker_prefix}-w{i}", stop_event), name=f"agl-worker-{i}")
+            for i in range(self.n_workers)
+        ]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            await self._flusher.flush()
+            await self._stop_tracing()
+        return self.stats
+
+    def run_sync(self, max_rollouts: int | None = None, stop_event: _Flag | None = None) -> RunnerStats:
+        """:meth:`run` on a fresh event loop, for scripts and runner processes."""
+        return asyncio.run(self.run(max_rollouts, stop_event))
+
+    # --- tracing -------------------------------------------------------------------------------------------------
+    def _start_tracing(self) -> Any:
+        """The tracer whose spans reach this store: the one given, else a process-wide one writing to the store.
+
+        The sink runs ``add_spans`` on this loop, so stores bound to one loop (the async HTTP client) work too.
+        """
+        if self._tracer is not None:
+            return self._tracer
+        from agentlightning.tracing import StoreSpanSink, init_tracing
+
+        self._owned_tracer = init_tracing(StoreSpanSink(self.store, loop=asyncio.get_running_loop()))
+        return self._owned_tracer
+
+    async def _stop_tracing(self) -> None:
+        tracer, self._owned_tracer = self._owned_tracer, None
+        if tracer is None:
+            return
+        from agentlightning.tracing import get_lightning_tracer, shutdown_tracing
+
+        # In a thread: shutting down drains the queue through the sink, which needs this loop to run add_spans.
+        if get_lightning_tracer() is tracer:
+            await asyncio.to_thread(shutdown_tracing, self.flush_timeout_s)
+        else:
+            await asyncio.to_thread(tracer.shutdown, self.flush_timeout_s)
+
+    # --- workers -------------------------------------------------------------------------------------------------
+    def _stopping(self, stop_event: _Flag | None) -> bool:
+        return self._stop.is_set() or (stop_event is not None and stop_event.is_set())
+
+    def _take_budget(self) -> bool:
+        if self._budget is None:
+            return True
+        if self._budget <= 0:
+            return False
+        self._budget -= 1
+        return True
+
+    def _return_budget(self) -> None:
+        if self._budget is not None:
+            self._budget += 1
+
+    async def _work(self, worker_id: str, stop_event: _Flag | None) -> None:
+        failures = 0
+        while not self._stopping(stop_event):
+            if not self._take_budget():
+                return
+            try:
+                claimed = await self.store.claim_rollout(worker_id, timeout_s=self.poll_interval_s)
+            except Exception:  # store down or restarting: back off, keep the worker alive
+                self._return_budget()
+                failures += 1
+                logger.warning("worker %s: claim_rollout failed (%d in a row)", worker_id, failures, exc_info=True)
+                await asyncio.sleep(min(5.0, 0.1 * 2**failures))
+                continue
+            failures = 0
+            if claimed is None:
+                self._return_budget()
+                continue
+            await self.run_attempt(claimed, worker_id)
+
+    async def run_attempt(self, claimed: ClaimedRollout, worker_id: str) -> AttemptOutcome:
+        """Run one claimed attempt to its end and record the outcome in the store."""
+        from agentlightning.tracing import rollout_context
+
+        rollout, attempt = claimed.rollout, claimed.attempt
+        self.stats.claimed += 1
+        try:
+            resources = await self._resources_for(rollout, attempt)
+            attempt = await self.store.start_attempt(rollout.rollout_id, attempt.attempt_id)
+        except Exception as exc:
+            return await self._finish(rollout, attempt, worker_id, "failed", describe_exception(exc))
+
+        status: AttemptStatus = "succeeded"
+        error: str | None = None
+        heartbeat = asyncio.create_task(self._heartbeat(rollout.rollout_id, attempt.attempt_id))
+        try:
+            with rollout_context(rollout.rollout_id, attempt.attempt_id):
+                try:
+                    returned = await asyncio.wait_for(
+                        self._call_agent(rollout, attempt, resources), rollout.config.timeout_s
+                    )
+                    self._emit_reward(returned)
+                except TimeoutError:
+                    status = "timeout"
+                    error = (
+                        f"TimeoutError: agent {self.agent.name!r} ran past the attempt timeout of "
+                        f"{rollout.config.timeout_s} s (RolloutConfig.timeout_s)"
+                    )
+                except Exception as exc:
+                    status, error = "failed", describe_exception(exc)
+                    logger.info("rollout %s attempt %s failed: %s", rollout.rollout_id, attempt.attempt_id, error)
+                    self._emit_exception(exc)
+        finally:
+            heartbeat.cancel()
+        if self._flusher is not None and not await self._flusher.flush():
+            logger.warning(
+                "spans of rollout %s may be incomplete: the tracer lost some or timed out", rollout.rollout_id
+            )
+        return await self._finish(rollout, attempt, worker_id, status, error)
+
+    async def _call_agent(self, rollout: Rollout, attempt: Attempt, resources: ResourcesSnapshot | None) -> Any:
+        args, kwargs = self.agent.bind(rollout, attempt, resources)
+        function = self.agent.entrypoint()
+        if self.agent.is_async:
+            return await function(*args, **kwargs)
+        result = await _call_in_thread(function, args, kwargs)
+        if inspect.isawaitable(result):  # a sync callable that returns a coroutine (e.g. a partial of async def)
+            return await result
+        return result
+
+    def _emit_reward(self, returned: Any) -> None:
+        reward = normalize_reward(returned)
+        if reward is None:
+            return
+        from agentlightning.emit import emit_reward
+
+        if len(reward.dimensions) == 1:
+            emit_reward(reward.value)
+        else:
+            emit_reward(reward.dimensions, primary=reward.primary)
+
+    def _emit_exception(self, exc: BaseException) -> None:
+        try:
+            from agentlightning.emit import emit_exception
+
+            emit_exception(exc)
+        except Exception:  # recording the error is best effort; the attempt's error field has it already
+            logger.debug("could not emit the exception span", exc_info=True)
+
+    async def _resources_for(self, rollout: Rollout, attempt: Attempt) -> ResourcesSnapshot | None:
+        resources_id = attempt.resources_id or rollout.resources_id
+        if resources_id is None:  # the store found no snapshot at claim time: the agent runs without resources
+            return None
+        if resources_id in self._resources:
+            return self._resources[resources_id]  # snapshots are immutable: cache forever
+        snapshot = await self.store.get_resources(resources_id)
+        if snapshot is not None:
+            self._resources[snapshot.resources_id] = snapshot
+        return snapshot
+
+    async def _heartbeat(self, rollout_id: str, attempt_id: str) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            try:
+                await self.store.heartbeat(rollout_id, attempt_id)
+            except StoreError as exc:  # the attempt is no longer live (watchdog, cancel): nothing to keep alive
+                logger.warning("heartbeat for %s/%s refused, stopping heartbeats: %s", rollout_id, attempt_id, exc)
+                return
+            except Exception:  # transient (connection): the next beat may get through
+                logger.debug("heartbeat for %s/%s failed", rollout_id, attempt_id, exc_info=True)
+
+    async def _finish(
+        self, rollout: Rollout, attempt: Attempt, worker_id: str, status: AttemptStatus, error: str | None
+    ) -> AttemptOutcome:
+        recorded = True
+        try:
+            await self.store.finish_attempt(rollout.rollout_id, attempt.attempt_id, status, error=error)
+        except Exception as exc:  # the watchdog timed it out first, or the store is unreachable: count, go on
+            recorded = False
+            logger.warning(
+                "could not record %s for rollout %s attempt %s: %s",
+                status,
+                rollout.rollout_id,
+                attempt.attempt_id,
+                describe_exception(exc),
+            )
+        if not recorded:
+            self.stats.lost += 1
+        elif status == "succeeded":
+            self.stats.succeeded += 1
+        elif status == "timeout":
+            self.stats.timed_out += 1
+        else:
+            self.stats.failed += 1
+        outcome = AttemptOutcome(rollout.rollout_id, attempt.attempt_id, worker_id, status, error, recorded)
+        if self.on_attempt is not None:
+            try:
+                self.on_attempt(outcome)
+            except Exception:  # a progress-bar callback must not kill a worker
+                logger.debug("on_attempt callback failed", exc_info=True)
+        return outcome

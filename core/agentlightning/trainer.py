@@ -1,0 +1,294 @@
+"""The Trainer: wires a store, a watchdog, runners and an algorithm together.
+
+Simple case, one process: ``Trainer(algorithm).fit(agent, train_tasks, val_tasks)`` opens an embedded SQLite store at
+``runs/<timestamp>/store.db``, starts a :class:`~agentlightning.store.Watchdog`, ``n_runners`` in-process runner
+workers whose spans go to the store, and runs the algorithm; when the algorithm returns the runners stop.
+
+Distributed case: point every process at one store (``store="http://host:4747"`` or a shared SQLite path) and give
+each a ``role``: ``"algorithm"`` (no runners), ``"runner"`` (runners only, until stopped) or ``"both"``.
+
+``Trainer.dev(agent, tasks)`` runs the loop once with the :class:`BaselineAlgorithm` on an in-memory store and prints,
+per rollout, the spans captured, the rewards found and the transitions a trainer would train on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from agentlightning.algorithm import Algorithm
+from agentlightning.runner import Runner, RunnerStats
+from agentlightning.store.base import LightningStore
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from agentlightning.agent import LitAgent
+    from agentlightning.types import Transition
+
+Role = Literal["algorithm", "runner", "both"]
+StoreSpec = LightningStore | str | os.PathLike[str] | None
+_ROLES: tuple[Role, ...] = ("algorithm", "runner", "both")
+
+
+def open_store(
+    spec: StoreSpec, *, token: str | None = None, run_dir: str | os.PathLike[str] = "runs"
+) -> LightningStore:
+    """A store from a spec: a store as is, an ``http(s)://`` URL (client), a SQLite path, or None (new SQLite run)."""
+    if isinstance(spec, LightningStore):
+        return spec
+    if spec is None:
+        path = Path(run_dir) / time.strftime("%Y%m%d-%H%M%S") / "store.db"
+    else:
+        text = os.fspath(spec)
+        if text.startswith(("http://", "https://")):
+            from agentlightning.client import LightningStoreClient
+
+            return LightningStoreClient(text, token=token)
+        if text == ":memory:":
+            from agentlightning.store import InMemoryLightningStore
+
+            return InMemoryLightningStore()
+        path = Path(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from agentlightning.store.sqlite import SqliteLightningStore
+
+    return SqliteLightningStore(path)
+
+
+def _is_remote(store: LightningStore) -> bool:
+    # The store server runs its own watchdog; a remote algorithm or runner process must not add more ticking.
+    return type(store).__name__ == "LightningStoreClient"
+
+
+@dataclass(frozen=True)
+class DevRow:
+    """What ``Trainer.dev`` saw for one rollout."""
+
+    rollout_id: str
+    status: str
+    spans: int
+    rewards: int
+    final_reward: float | None
+    transitions: int
+    transitions_with_token_ids: int
+    error: str | None
+
+
+class Trainer:
+    """Runs an algorithm against runners of an agent through one store (see the module docstring)."""
+
+    def __init__(
+        self,
+        algorithm: Algorithm | None = None,
+        store: StoreSpec = None,
+        n_runners: int = 4,
+        *,
+        role: Role = "both",
+        token: str | None = None,
+        run_dir: str | os.PathLike[str] = "runs",
+        heartbeat_interval_s: float = 5.0,
+        watchdog_interval_s: float = 1.0,
+        tracer: Any | None = None,
+        worker_id: str | None = None,
+        console: Console | None = None,
+    ) -> None:
+        if role not in _ROLES:
+            raise ValueError(f"role must be one of {list(_ROLES)}; got {role!r}")
+        if n_runners < 1:
+            raise ValueError(f"n_runners must be at least 1; got {n_runners}")
+        self.algorithm = algorithm
+        self.store_spec = store
+        self.n_runners = n_runners
+        self.role = role
+        self.token = token
+        self.run_dir = run_dir
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.watchdog_interval_s = watchdog_interval_s
+        self.tracer = tracer
+        self.worker_id = worker_id
+        self.console = console
+        self.store: LightningStore | None = None
+        self.runner: Runner | None = None
+        self.runner_stats: RunnerStats | None = None
+
+    def stop(self) -> None:
+        """Stop the runners after their current attempts (ends a ``role="runner"`` fit)."""
+        if self.runner is not None:
+            self.runner.stop()
+
+    def fit(
+        self,
+        agent: LitAgent | Callable[..., Any] | None = None,
+        train_tasks: Sequence[Any] | None = None,
+        val_tasks: Sequence[Any] | None = None,
+    ) -> None:
+        """Run the role(s) to the end on a fresh event loop (see :meth:`fit_async`)."""
+        asyncio.run(self.fit_async(agent, train_tasks, val_tasks))
+
+    async def fit_async(
+        self,
+        agent: LitAgent | Callable[..., Any] | None = None,
+        train_tasks: Sequence[Any] | None = None,
+        val_tasks: Sequence[Any] | None = None,
+    ) -> None:
+        """Open the store, start the watchdog and runners, run the algorithm; stop everything when it returns."""
+        runs_algorithm = self.role in ("algorithm", "both")
+        runs_runners = self.role in ("runner", "both")
+        if runs_runners and agent is None:
+            raise ValueError(f"role {self.role!r} runs the agent: pass it, e.g. trainer.fit(my_agent, train_tasks)")
+        algorithm = self.algorithm
+        if runs_algorithm and algorithm is None:
+            from agentlightning.algorithms import BaselineAlgorithm
+
+            algorithm = BaselineAlgorithm(console=self.console)
+        owned = not isinstance(self.store_spec, LightningStore)
+        store = self.store = open_store(self.store_spec, token=self.token, run_dir=self.run_dir)
+        from agentlightning.store import Watchdog
+
+        watchdog = None if _is_remote(store) else Watchdog(store, self.watchdog_interval_s)
+        runner_task: asyncio.Task[RunnerStats] | None = None
+        try:
+            if watchdog is not None:
+                watchdog.start()
+            if runs_runners:
+                assert agent is not None  # checked above; narrows for the type checker
+                self.runner = Runner(
+                    agent,
+                    store,
+                    n_workers=self.n_runners,
+                    worker_id=self.worker_id,
+                    heartbeat_interval_s=self.heartbeat_interval_s,
+                    tracer=self.tracer,
+                )
+                runner_task = asyncio.create_task(self.runner.run(), name="agl-runner")
+            if algorithm is not None and runs_algorithm:
+                await self._run_algorithm(algorithm, store, train_tasks, val_tasks, runner_task)
+            elif runner_task is not None:
+                self.runner_stats = await runner_task
+        finally:
+            if self.runner is not None:
+                self.runner.stop()
+            if runner_task is not None and not runner_task.done():
+                self.runner_stats = await runner_task
+            if watchdog is not None:
+                await watchdog.stop()
+            if owned:
+                await store.close()
+
+    async def _run_algorithm(
+        self,
+        algorithm: Algorithm,
+        store: LightningStore,
+        train_tasks: Sequence[Any] | None,
+        val_tasks: Sequence[Any] | None,
+        runner_task: asyncio.Task[RunnerStats] | None,
+    ) -> None:
+        algorithm_task = asyncio.create_task(algorithm.run(store, train_tasks, val_tasks), name="agl-algorithm")
+        if runner_task is None:
+            await algorithm_task
+            return
+        # If the runners crash, the algorithm would wait forever for rollouts nobody runs: stop it and raise.
+        await asyncio.wait({algorithm_task, runner_task}, return_when=asyncio.FIRST_COMPLETED)
+        if algorithm_task.done():
+            algorithm_task.result()
+            return
+        algorithm_task.cancel()
+        error = runner_task.exception()
+        raise RuntimeError(f"the runners stopped before the algorithm finished: {error!r}") from error
+
+    # --- dev -----------------------------------------------------------------------------------------------------
+    def dev(
+        self, agent: LitAgent | Callable[..., Any], tasks: Sequence[Any], *, timeout_s: float | None = None
+    ) -> list[DevRow]:
+        """Run every task once with the baseline algorithm and print what the trainer would see (rich tables)."""
+        return asyncio.run(self.dev_async(agent, tasks, timeout_s=timeout_s))
+
+    async def dev_async(
+        self, agent: LitAgent | Callable[..., Any], tasks: Sequence[Any], *, timeout_s: float | None = None
+    ) -> list[DevRow]:
+        """:meth:`dev` inside a running event loop."""
+        from rich.console import Console
+
+        from agentlightning.algorithms import BaselineAlgorithm
+        from agentlightning.store import InMemoryLightningStore
+
+        console = self.console or Console()
+        algorithm = BaselineAlgorithm(timeout_s=timeout_s, console=console)
+        store = self.store_spec if self.store_spec is not None else InMemoryLightningStore()
+        dev_trainer = Trainer(
+            algorithm,
+            open_store(store, token=self.token, run_dir=self.run_dir),
+            self.n_runners,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            watchdog_interval_s=self.watchdog_interval_s,
+            tracer=self.tracer,
+            worker_id=self.worker_id,
+            console=console,
+        )
+        assert isinstance(dev_trainer.store_spec, LightningStore)  # opened above; the dev trainer does not own it
+        opened = dev_trainer.store_spec
+        try:
+            await dev_trainer.fit_async(agent, list(tasks))
+            rows = [await _inspect(opened, r.rollout_id) for r in algorithm.rollouts]
+        finally:
+            if opened is not store:
+                await opened.close()
+        _print_dev(console, rows)
+        return rows
+
+
+async def _inspect(store: LightningStore, rollout_id: str) -> DevRow:
+    from agentlightning.adapter import TraceAdapter
+    from agentlightning.emit import final_reward, find_rewards
+
+    rollout = await store.get_rollout(rollout_id)
+    spans = await store.query_spans(rollout_id, "latest")
+    attempts = await store.query_attempts(rollout_id)
+    transitions: list[Transition] = []
+    error = attempts[-1].error if attempts else None
+    try:
+        transitions = TraceAdapter().adapt(rollout, spans)
+    except Exception as exc:  # dev shows the adapter's complaint next to the rollout instead of stopping
+        error = f"adapter: {type(exc).__name__}: {exc}" if error is None else error
+    return DevRow(
+        rollout_id=rollout_id,
+        status=rollout.status,
+        spans=len(spans),
+        rewards=len(find_rewards(spans)),
+        final_reward=final_reward(spans),
+        transitions=len(transitions),
+        transitions_with_token_ids=sum(t.has_token_ids for t in transitions),
+        error=error,
+    )
+
+
+def _print_dev(console: Console, rows: list[DevRow]) -> None:
+    from rich.table import Table
+
+    table = Table(title="agl dev: what the trainer would see")
+    for column in ("rollout", "status", "spans", "rewards", "final reward", "transitions", "with token ids", "error"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        colour = "green" if row.status == "succeeded" else "red"
+        table.add_row(
+            row.rollout_id,
+            f"[{colour}]{row.status}[/{colour}]",
+            str(row.spans),
+            str(row.rewards),
+            "-" if row.final_reward is None else f"{row.final_reward:.4f}",
+            str(row.transitions),
+            str(row.transitions_with_token_ids),
+            row.error or "",
+        )
+    console.print(table)
+    if rows and not any(row.transitions for row in rows):
+        console.print(
+            "[yellow]no transitions: no LLM calls with token ids were recorded. Route the agent's LLM through "
+            "`agl proxy` (or use an integration) so RL has something to train on.[/yellow]"
+        )
