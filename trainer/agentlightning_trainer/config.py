@@ -1,0 +1,95 @@
+"""The one LightningRL configuration: frozen, validated before any expensive work, a description on every field."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agentlightning_trainer.torch_backend.policy import PolicySpec
+
+Backend = Literal["torch", "verl"]
+AlgorithmName = Literal["grpo", "ppo"]
+LossAggregationName = Literal["token-mean", "rollout-mean"]
+
+
+class LightningRLConfig(BaseModel):
+    """Settings of a LightningRL run. Defaults are the measured ones that learn (see shared/TRAINER.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: Backend = Field(default="torch", description="'torch' (CPU / one GPU) or 'verl' (GPU cluster).")
+    algorithm: AlgorithmName = Field(default="grpo", description="'grpo' (group-normalised) or 'ppo' (value + GAE).")
+    policy: PolicySpec = Field(default_factory=PolicySpec, description="The model to train and serve.")
+    steps: int = Field(default=200, ge=1, description="Training steps (one batch of rollouts + one update each).")
+    tasks_per_step: int = Field(default=12, ge=1, description="Distinct tasks per step (>= 12 learns reliably).")
+    samples_per_task: int = Field(
+        default=16, ge=1, description="K: rollouts per task, one GRPO group (K=8 collapsed; use >= 16)."
+    )
+    lr: float = Field(default=1e-3, gt=0, le=1.0, description="AdamW learning rate (>= 2e-3 broke learning).")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    clip_ratio: float = Field(default=0.2, gt=0, lt=1, description="PPO-style ratio clip (low side, 1 - eps).")
+    clip_ratio_high: float | None = Field(default=None, gt=0, description="High-side clip; None = clip_ratio.")
+    kl_coef: float = Field(default=0.0, ge=0, description="Weight of the k3 KL penalty to the initial policy.")
+    loss_aggregation: LossAggregationName = Field(
+        default="token-mean", description="'token-mean' (verl's default) or 'rollout-mean' (each rollout weighs 1)."
+    )
+    normalize_std: bool = Field(default=True, description="GRPO: divide group-centred rewards by the group std.")
+    epochs: int = Field(default=1, ge=1, description="Passes over each step's transitions.")
+    mini_batch_size: int | None = Field(
+        default=None, ge=1, description="Transitions per optimizer step; None = the whole step in one."
+    )
+    max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient-norm clip.")
+    gamma: float = Field(default=1.0, ge=0, le=1, description="PPO discount per token.")
+    gae_lambda: float = Field(default=0.95, ge=0, le=1, description="PPO GAE lambda.")
+    vf_coef: float = Field(default=0.5, ge=0, description="PPO value-loss weight.")
+    credit: str = Field(
+        default="per_call", description="Credit strategy of the adapter: per_call, broadcast, discounted, ..."
+    )
+    agents: str | list[str] | None = Field(
+        default=None, description="Agents to train (exact name, list, or pattern); None = every call."
+    )
+    max_prompt_tokens: int = Field(default=192, ge=1, description="Longer prompts are dropped from training.")
+    max_response_tokens: int = Field(default=6, ge=1, description="max_tokens sent with every training request.")
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature of training rollouts.")
+    val_every: int = Field(default=10, ge=1, description="Validate (greedy) every this many steps, and at the end.")
+    seed: int = Field(default=0, description="Seeds the model init, sampling and task order.")
+    checkpoint_dir: Path | None = Field(default=None, description="Where checkpoints go; None = no checkpoints.")
+    checkpoint_every: int = Field(default=50, ge=1, description="Save a checkpoint every this many steps.")
+    resume: bool = Field(default=True, description="Resume from the latest checkpoint in checkpoint_dir if any.")
+    log_dir: Path | None = Field(default=None, description="TensorBoard event files go here; None = none.")
+    stop_at_reward: float | None = Field(
+        default=None, description="Stop early once the EMA of train reward reaches this (benchmarks)."
+    )
+    ema_decay: float = Field(default=0.9, ge=0, lt=1, description="Decay of the reward EMA shown and used to stop.")
+    rollout_timeout_s: float = Field(default=300.0, gt=0, description="How long one step waits for its rollouts.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LightningRLConfig:
+        if self.backend == "verl" and importlib.util.find_spec("verl") is None:
+            raise ValueError(
+                "backend 'verl' needs verl, which is not installed: pip install \"agent-lightning[verl]\" "
+                "(GPU only), or use backend='torch'"
+            )
+        if self.backend == "verl":
+            raise ValueError("backend 'verl' is not wired into LightningRL yet; use backend='torch'")
+        if self.algorithm == "grpo" and self.samples_per_task < 2:
+            raise ValueError(
+                f"GRPO needs samples_per_task >= 2 to compare samples of a task (got {self.samples_per_task}); "
+                "16 is the measured setting that learns"
+            )
+        if self.max_prompt_tokens + self.max_response_tokens > self.policy.max_seq_len and self.policy.kind == "tiny_gpt":
+            raise ValueError(
+                f"max_prompt_tokens {self.max_prompt_tokens} + max_response_tokens {self.max_response_tokens} "
+                f"exceeds the tiny GPT's max_seq_len {self.policy.max_seq_len}; lower one or raise policy.max_seq_len"
+            )
+        if isinstance(self.agents, list) and not self.agents:
+            raise ValueError("agents=[] would train nothing; pass None to train every call, or name the agents")
+        return self
+
+    @property
+    def clip_high(self) -> float:
+        """Upper clip epsilon."""
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high

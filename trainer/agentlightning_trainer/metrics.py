@@ -1,0 +1,176 @@
+"""Per-step training metrics: a rich progress bar, TensorBoard event files, and MLflow / W&B when installed."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepMetrics:
+    """What one training step reports."""
+
+    step: int
+    reward_mean: float
+    reward_ema: float
+    all_same_frac: float = field(metadata={"help": "groups whose samples all got the same reward (collapse)"})
+    transitions: int
+    rollouts: int
+    failed_rollouts: int
+    policy_version: int
+    policy_lag: float
+    rollout_s: float
+    update_s: float
+    skipped: bool = False
+    val_reward: float | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def scalars(self) -> dict[str, float]:
+        """Flat name -> value for loggers."""
+        out = {k: float(v) for k, v in asdict(self).items() if isinstance(v, int | float) and k != "step"}
+        out.update({f"update/{k}": v for k, v in self.extra.items()})
+        return out
+
+
+def group_summary(rewards_by_group: Mapping[str, Sequence[float]]) -> tuple[float, float]:
+    """Mean reward over all samples and the fraction of groups whose samples all got the same reward."""
+    values = [r for group in rewards_by_group.values() for r in group]
+    if not values:
+        return 0.0, 0.0
+    same = sum(1 for group in rewards_by_group.values() if group and max(group) == min(group))
+    return sum(values) / len(values), same / max(1, len(rewards_by_group))
+
+
+class MetricsLogger:
+    """Fans step metrics out to the console (a live progress bar), TensorBoard and optional MLflow / W&B."""
+
+    def __init__(
+        self,
+        total_steps: int,
+        *,
+        log_dir: Path | None = None,
+        show_progress: bool = True,
+        run_name: str = "lightning-rl",
+        console: Console | None = None,
+    ) -> None:
+        """Open the sinks; MLflow / W&B are used only when installed and configured by their usual env vars."""
+        self.history: list[StepMetrics] = []
+        self.console = console or Console(stderr=True)
+        self._writer: Any = None
+        if log_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            log_dir.mkdir(parents=True, exist_ok=True)
+            self._writer = SummaryWriter(log_dir=str(log_dir))
+        self._mlflow: Any = None
+        if importlib.util.find_spec("mlflow") is not None:
+            import mlflow
+
+            if mlflow.get_tracking_uri() and not mlflow.active_run():
+                self._mlflow = mlflow
+                mlflow.start_run(run_name=run_name)
+        self._wandb: Any = None
+        if importlib.util.find_spec("wandb") is not None:
+            import os
+
+            if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE") == "offline":
+                import wandb
+
+                self._wandb = wandb.init(project="agent-lightning", name=run_name)
+        self._progress: Progress | None = None
+        self._task: Any = None
+        if show_progress:
+            self._progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("reward {task.fields[reward]:.2f} (ema {task.fields[ema]:.2f}) val {task.fields[val]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=False,
+            )
+            self._task = self._progress.add_task("train", total=total_steps, reward=0.0, ema=0.0, val="-")
+
+    def __enter__(self) -> MetricsLogger:
+        """Start the live progress bar."""
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Stop the progress bar and flush every sink."""
+        self.close()
+
+    def log(self, metrics: StepMetrics) -> None:
+        """Record one step everywhere."""
+        self.history.append(metrics)
+        scalars = metrics.scalars()
+        if self._writer is not None:
+            for name, value in scalars.items():
+                self._writer.add_scalar(name, value, metrics.step)
+            self._writer.flush()
+        if self._mlflow is not None:
+            self._mlflow.log_metrics({k.replace("/", "."): v for k, v in scalars.items()}, step=metrics.step)
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=metrics.step)
+        if self._progress is not None:
+            val = self._last_val()
+            self._progress.update(
+                self._task,
+                completed=metrics.step,
+                reward=metrics.reward_mean,
+                ema=metrics.reward_ema,
+                val="-" if val is None else f"{val:.2f}",
+            )
+
+    def log_validation(self, step: int, reward: float) -> None:
+        """Record a validation result (greedy decoding)."""
+        if self.history and self.history[-1].step == step:
+            self.history[-1].val_reward = reward
+        if self._writer is not None:
+            self._writer.add_scalar("val_reward", reward, step)
+            self._writer.flush()
+        if self._mlflow is not None:
+            self._mlflow.log_metric("val_reward", reward, step=step)
+        if self._wandb is not None:
+            self._wandb.log({"val_reward": reward}, step=step)
+        if self._progress is not None:
+            self._progress.update(self._task, val=f"{reward:.2f}")
+
+    def warn(self, message: str) -> None:
+        """Show a warning on the console and in the log."""
+        logger.warning(message)
+        self.console.print(f"[yellow]warning:[/yellow] {message}")
+
+    def _last_val(self) -> float | None:
+        for m in reversed(self.history):
+            if m.val_reward is not None:
+                return m.val_reward
+        return None
+
+    def close(self) -> None:
+        """Stop the progress bar and close every sink (idempotent)."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._mlflow is not None:
+            self._mlflow.end_run()
+            self._mlflow = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None

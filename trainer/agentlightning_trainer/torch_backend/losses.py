@@ -1,0 +1,67 @@
+"""Loss pieces shared by GRPO and PPO: clipped policy gradient, k3 KL, GAE, and loss aggregation."""
+
+from __future__ import annotations
+
+import torch
+
+from agentlightning_trainer.config import LossAggregationName
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, rollout_index: torch.Tensor, mode: LossAggregationName) -> torch.Tensor:
+    """Reduce per-token ``values`` ``[B, R]`` to a scalar: mean over tokens, or mean per rollout then over rollouts."""
+    if mode == "token-mean":
+        return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    # rollout-mean: each row's token mean, then each rollout's row mean, then the mean over rollouts, so a rollout
+    # with many calls weighs as much as one with a single call.
+    row = (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+    n_rollouts = int(rollout_index.max().item()) + 1
+    per_rollout = torch.zeros(n_rollouts, dtype=row.dtype).index_add(0, rollout_index, row)
+    counts = torch.zeros(n_rollouts, dtype=row.dtype).index_add(0, rollout_index, torch.ones_like(row))
+    present = counts > 0
+    return (per_rollout[present] / counts[present]).mean()
+
+
+def clipped_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token PPO-clip surrogate loss and a per-token 'was clipped' indicator."""
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(policy || reference): unbiased, always >= 0."""
+    delta = ref_logprobs - logprobs
+    return torch.exp(delta) - delta - 1.0
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimates and returns per token (``[B, R]``; padding after each row's last token)."""
+    b, r = rewards.shape
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros(b)
+    next_value = torch.zeros(b)
+    for t in reversed(range(r)):
+        m = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last = delta + gamma * lam * last
+        last = last * m  # padding positions carry nothing back
+        advantages[:, t] = last
+        next_value = values[:, t] * m
+    return advantages, advantages + values
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked (x - mean) / std across the batch."""
+    n = mask.sum().clamp(min=1.0)
+    mean = (values * mask).sum() / n
+    var = (((values - mean) * mask) ** 2).sum() / n
+    return (values - mean) / (var.sqrt() + 1e-8) * mask
