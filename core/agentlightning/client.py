@@ -1,0 +1,361 @@
+"""LightningStoreClient: a :class:`LightningStore` backed by a store server, so code does not care where the store is.
+
+Usable from any number of event loops and threads (one pooled ``httpx.AsyncClient`` per running loop); wrap it in
+:class:`agentlightning.store.SyncLightningStore` for blocking use. Connection errors and 5xx answers are retried
+with exponential backoff; every operation is safe to retry (span ingest is idempotent, and enqueue, claim, start,
+finish, cancel and add-resources carry an ``Idempotency-Key`` so a retry acts once). A 4xx raises the same error
+type as a local store (NotFoundError, IllegalTransitionError, ValueError) with the server's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import threading
+import time
+import uuid
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any, Final, Literal, NoReturn
+from urllib.parse import quote
+
+import httpx
+import orjson
+from pydantic import TypeAdapter
+
+from agentlightning.server import _models as m
+from agentlightning.store.base import (
+    IllegalTransitionError,
+    LightningStore,
+    NotFoundError,
+    SortOrder,
+    StoreError,
+    StoreStatistics,
+)
+from agentlightning.types import (
+    Attempt,
+    AttemptStatus,
+    ClaimedRollout,
+    Resource,
+    ResourcesSnapshot,
+    Rollout,
+    RolloutMode,
+    RolloutRequest,
+    RolloutStatus,
+    Span,
+)
+
+_METADATA: Final = TypeAdapter(dict[str, Any])
+_JSON_HEADERS: Final = {"content-type": "application/json"}
+
+
+class StoreUnavailableError(StoreError, ConnectionError):
+    """The store server could not be reached, or kept failing (5xx), after all retries."""
+
+
+class LightningStoreClient(LightningStore):
+    """The store at ``url`` (e.g. ``http://127.0.0.1:4747``), with the interface of every local backend."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        max_retries: int = 5,
+        backoff_s: float = 0.05,
+        max_backoff_s: float = 5.0,
+        long_poll_s: float = 20.0,
+        max_connections: int = 256,
+    ) -> None:
+        """Point at a store server; ``timeout_s`` bounds each request beyond any wait it asks the server for."""
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"store url must start with http:// or https://, got {url!r}")
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        # Below the server's default wait cap (30 s), so a long poll ends on the server, never on a client timeout.
+        self.long_poll_s = long_poll_s
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._lock = threading.Lock()
+        self._clients: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, AsyncGenerator[None, None]]] = {}
+
+    def __repr__(self) -> str:
+        return f"LightningStoreClient({self.url!r})"
+
+    # --- transport -------------------------------------------------------------------------------------------------
+    async def _client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        entry = self._clients.get(loop)
+        if entry is not None:
+            return entry[0]
+        client = httpx.AsyncClient(base_url=self.url, headers=self._headers, limits=self._limits, timeout=None)
+        closer = _close_with_loop(client)
+        # First step registers the generator with the loop: asyncio.run() (and SyncLightningStore.close via
+        # shutdown_asyncgens) then closes the pool when the loop ends, instead of leaking its sockets.
+        await closer.__anext__()
+        with self._lock:
+            stale = [lp for lp in self._clients if lp.is_closed()]
+            for lp in stale:
+                del self._clients[lp]
+            self._clients[loop] = (client, closer)
+        return client
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        params: Mapping[str, Any] | None = None,
+        keyed: bool = False,
+        wait_s: float = 0.0,
+    ) -> httpx.Response:
+        client = await self._client()
+        headers = dict(_JSON_HEADERS) if body is not None else {}
+        if keyed:
+            headers[m.IDEMPOTENCY_HEADER] = uuid.uuid4().hex  # the same key on every retry of this call
+        timeout = self.timeout_s + wait_s
+        failure = ""
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))  # jitter: retrying workers spread out
+            try:
+                response = await client.request(
+                    method, path, content=body, params=params, headers=headers, timeout=timeout
+                )
+            except httpx.TransportError as exc:  # connect/read errors and timeouts
+                failure = f"{type(exc).__name__}: {exc}"
+                continue
+            if response.status_code < 400:
+                return response
+            if response.status_code < 500:
+                _raise_client_error(response, method, path)
+            failure = f"HTTP {response.status_code}: {_detail(response)}"
+        raise StoreUnavailableError(
+            f"store server at {self.url} failed {method} {path} after {self.max_retries + 1} tries ({failure}); "
+            "check that it is running (agl store) and reachable"
+        )
+
+    # --- rollout queue -------------------------------------------------------------------------------------------
+    async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+        """Enqueue rollouts in the given order (one transaction); returns them with ids, status ``queuing``."""
+        body = b'{"requests":' + m.REQUESTS.dump_json(list(requests)) + b"}"
+        response = await self._request("POST", "/v1/rollouts", body=body, keyed=True)
+        return m.ROLLOUTS.validate_json(response.content)
+
+    async def claim_rollout(
+        self, worker_id: str | None = None, *, timeout_s: float | None = None
+    ) -> ClaimedRollout | None:
+        """Claim the oldest claimable rollout, long-polling the server up to ``timeout_s``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = None if remaining is None else min(remaining, self.long_poll_s)
+            body = orjson.dumps({"worker_id": worker_id, "timeout_s": wait})
+            response = await self._request("POST", "/v1/rollouts/claim", body=body, keyed=True, wait_s=wait or 0.0)
+            claimed = m.CLAIMED.validate_json(response.content)
+            if claimed is not None or deadline is None or time.monotonic() >= deadline:
+                return claimed
+
+    async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
+        """Mark a claimed attempt (and its rollout) ``running``."""
+        response = await self._request("POST", f"{_attempt_path(rollout_id, attempt_id)}/start", keyed=True)
+        return m.ATTEMPT.validate_json(response.content)
+
+    async def finish_attempt(
+        self, rollout_id: str, attempt_id: str, status: AttemptStatus, *, error: str | None = None
+    ) -> Attempt:
+        """Record an attempt's terminal status and move the rollout accordingly."""
+        body = orjson.dumps({"status": status, "error": error})
+        path = f"{_attempt_path(rollout_id, attempt_id)}/finish"
+        response = await self._request("POST", path, body=body, keyed=True)
+        return m.ATTEMPT.validate_json(response.content)
+
+    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+        """Cancel a non-terminal rollout."""
+        response = await self._request("POST", f"{_rollout_path(rollout_id)}/cancel", keyed=True)
+        return m.ROLLOUT.validate_json(response.content)
+
+    async def update_rollout_metadata(self, rollout_id: str, metadata: Mapping[str, Any]) -> Rollout:
+        """Merge keys into a rollout's metadata."""
+        body = b'{"metadata":' + _METADATA.dump_json(dict(metadata)) + b"}"
+        response = await self._request("PATCH", f"{_rollout_path(rollout_id)}/metadata", body=body)
+        return m.ROLLOUT.validate_json(response.content)
+
+    async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
+        """Prove an attempt is alive."""
+        response = await self._request("POST", f"{_attempt_path(rollout_id, attempt_id)}/heartbeat")
+        return m.ATTEMPT.validate_json(response.content)
+
+    # --- spans ---------------------------------------------------------------------------------------------------
+    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+        """Store spans (one transaction, idempotent) and return them with their ``sequence_id``."""
+        body = b'{"spans":' + m.SPANS.dump_json(list(spans)) + b"}"
+        response = await self._request("POST", "/v1/spans", body=body)
+        return m.SPANS.validate_json(response.content)
+
+    async def query_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        *,
+        name: str | None = None,
+        after_sequence_id: int = 0,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Span]:
+        """Spans of a rollout ordered by (attempt sequence, span sequence_id)."""
+        params: dict[str, Any] = {"after_sequence_id": after_sequence_id, "offset": offset}
+        for key, value in (("attempt_id", attempt_id), ("name", name), ("limit", limit)):
+            if value is not None:
+                params[key] = value
+        response = await self._request("GET", f"{_rollout_path(rollout_id)}/spans", params=params)
+        return m.SPANS.validate_json(response.content)
+
+    # --- queries -------------------------------------------------------------------------------------------------
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        """One rollout; NotFoundError if unknown."""
+        response = await self._request("GET", _rollout_path(rollout_id))
+        return m.ROLLOUT.validate_json(response.content)
+
+    async def query_rollouts(
+        self,
+        *,
+        status: Sequence[RolloutStatus] | None = None,
+        mode: RolloutMode | None = None,
+        rollout_ids: Sequence[str] | None = None,
+        group_id: str | None = None,
+        sort: SortOrder = "asc",
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Rollout]:
+        """Rollouts matching all given filters, ordered by enqueue order."""
+        query = {
+            "status": None if status is None else list(status),
+            "mode": mode,
+            "rollout_ids": None if rollout_ids is None else list(rollout_ids),
+            "group_id": group_id,
+            "sort": sort,
+            "limit": limit,
+            "offset": offset,
+        }
+        response = await self._request("POST", "/v1/rollouts/query", body=orjson.dumps(query))
+        return m.ROLLOUTS.validate_json(response.content)
+
+    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
+        """Attempts of a rollout, oldest first; NotFoundError if the rollout is unknown."""
+        response = await self._request("GET", f"{_rollout_path(rollout_id)}/attempts")
+        return m.ATTEMPTS.validate_json(response.content)
+
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], *, timeout_s: float | None = None) -> list[Rollout]:
+        """Wait until every given rollout is terminal or the timeout passes; returns those that are terminal."""
+        ids = list(rollout_ids)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            remaining = self.long_poll_s if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = min(remaining, self.long_poll_s)
+            body = orjson.dumps({"rollout_ids": ids, "timeout_s": wait})
+            response = await self._request("POST", "/v1/rollouts/wait", body=body, wait_s=wait)
+            done = m.ROLLOUTS.validate_json(response.content)
+            if len(done) == len(ids) or (deadline is not None and time.monotonic() >= deadline):
+                return done
+
+    # --- resources -----------------------------------------------------------------------------------------------
+    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourcesSnapshot:
+        """Store a new immutable snapshot; it becomes the latest."""
+        body = b'{"resources":' + m.RESOURCES.dump_json(dict(resources)) + b"}"
+        response = await self._request("POST", "/v1/resources", body=body, keyed=True)
+        return m.SNAPSHOT.validate_json(response.content)
+
+    async def get_resources(self, resources_id: str | None = None) -> ResourcesSnapshot | None:
+        """A snapshot by id (NotFoundError if unknown), or the latest when id is None (None if there is none)."""
+        if resources_id is None:
+            response = await self._request("GET", "/v1/resources/latest")
+            return m.SNAPSHOT_OR_NONE.validate_json(response.content)
+        response = await self._request("GET", f"/v1/resources/{_segment(resources_id)}")
+        return m.SNAPSHOT.validate_json(response.content)
+
+    async def list_resources(self) -> list[ResourcesSnapshot]:
+        """All snapshots, oldest first."""
+        response = await self._request("GET", "/v1/resources")
+        return m.SNAPSHOTS.validate_json(response.content)
+
+    # --- operations ----------------------------------------------------------------------------------------------
+    async def check_timeouts(self, now: int | None = None) -> list[Attempt]:
+        """Run one watchdog tick on the server; returns the attempts it changed."""
+        response = await self._request("POST", "/v1/watchdog/check", body=orjson.dumps({"now": now}))
+        return m.ATTEMPTS.validate_json(response.content)
+
+    async def statistics(self) -> StoreStatistics:
+        """Counts per status, spans and bytes."""
+        response = await self._request("GET", "/v1/statistics")
+        return StoreStatistics.model_validate_json(response.content)
+
+    async def close(self) -> None:
+        """Close the connection pools of every loop this client was used from (the server keeps running)."""
+        with self._lock:
+            entries = list(self._clients.items())
+            self._clients.clear()
+        current = asyncio.get_running_loop()
+        for loop, (_, closer) in entries:
+            if loop is current:
+                await closer.aclose()
+            elif not loop.is_closed():
+                with contextlib.suppress(RuntimeError, TimeoutError):  # that loop stopped meanwhile
+                    future = asyncio.run_coroutine_threadsafe(closer.aclose(), loop)
+                    await asyncio.wait_for(asyncio.wrap_future(future), timeout=5.0)
+
+
+async def _close_with_loop(client: httpx.AsyncClient) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        await client.aclose()
+
+
+def _segment(value: str) -> str:
+    # Ids are opaque to the client: quote everything, so "a/b" or "?" cannot change the route.
+    return quote(value, safe="")
+
+
+def _rollout_path(rollout_id: str) -> str:
+    return f"/v1/rollouts/{_segment(rollout_id)}"
+
+
+def _attempt_path(rollout_id: str, attempt_id: str) -> str:
+    return f"{_rollout_path(rollout_id)}/attempts/{_segment(attempt_id)}"
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        payload = orjson.loads(response.content)
+    except orjson.JSONDecodeError:
+        return response.text[:500] or response.reason_phrase
+    if isinstance(payload, dict) and "detail" in payload:
+        return str(payload["detail"])  # pyright: ignore[reportUnknownArgumentType] -- JSON object
+    return response.text[:500]
+
+
+def _raise_client_error(response: httpx.Response, method: str, path: str) -> NoReturn:
+    detail = _detail(response)
+    code = response.status_code
+    kind = response.headers.get(m.ERROR_KIND_HEADER)
+    if kind == "NotFoundError":
+        raise NotFoundError(detail)
+    if kind == "IllegalTransitionError":
+        raise IllegalTransitionError(detail)
+    if code in (401, 403):
+        raise PermissionError(f"store server at {response.request.url.host} refused {method} {path}: {detail}")
+    if code == 404 and kind is None:
+        raise NotFoundError(
+            f"{detail}: {method} {path} matches no route of the server at {response.request.url.host} "
+            "(an empty id, or not an Agent Lightning store server of this version)"
+        )
+    if code == 409:
+        raise IllegalTransitionError(detail)
+    raise ValueError(detail)

@@ -1,0 +1,26 @@
+"""The LightningStore over HTTP: REST under ``/v1/…``, OTLP/HTTP trace ingest, auth, limits, health and metrics.
+
+``create_app(store)`` builds the FastAPI app, ``serve_store(...)`` runs it (what ``agl store`` calls) and
+``StoreServer(store)`` runs it on a background thread for tests and embedding. The matching client is
+:class:`agentlightning.client.LightningStoreClient`.
+"""
+
+from agentlightning.server._app import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_SPANS_PER_REQUEST,
+    DEFAULT_MAX_WAIT_S,
+    create_app,
+)
+from agentlightning.server._run import TOKEN_ENV, StoreServer, is_loopback, open_store, serve_store
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_SPANS_PER_REQUEST",
+    "DEFAULT_MAX_WAIT_S",
+    "TOKEN_ENV",
+    "StoreServer",
+    "create_app",
+    "is_loopback",
+    "open_store",
+    "serve_store",
+]

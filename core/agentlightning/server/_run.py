@@ -1,0 +1,212 @@
+"""Running the store server: ``serve_store`` (blocking, what ``agl store`` calls) and ``StoreServer`` (a thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Final
+
+import uvicorn
+
+from agentlightning.server._app import create_app
+from agentlightning.store.base import LightningStore
+
+logger = logging.getLogger("agentlightning.server")
+
+TOKEN_ENV: Final = "AGENTLIGHTNING_TOKEN"
+BACKENDS: Final = ("sqlite", "memory")
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` only accepts connections from this machine."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_token(host: str, token: str | None) -> str | None:
+    """The token to require (argument, else ``AGENTLIGHTNING_TOKEN``); refuses a non-loopback bind without one."""
+    token = token or os.environ.get(TOKEN_ENV) or None
+    if token is None and not is_loopback(host):
+        raise ValueError(
+            f"refusing to serve the store on {host!r} without a token: anyone who can reach it could read and "
+            f"change every rollout. Pass token=... (agl store --token ...) or set {TOKEN_ENV}, "
+            "or bind to 127.0.0.1."
+        )
+    return token
+
+
+def open_store(backend: str = "sqlite", *, path: str | None = None, dsn: str | None = None) -> LightningStore:
+    """A store backend by name: ``sqlite`` (at ``path``) or ``memory``."""
+    if backend == "sqlite":
+        from agentlightning.store.sqlite import SqliteLightningStore
+
+        if path is None:
+            raise ValueError("the sqlite backend needs a path, e.g. path='runs/store.db'")
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        return SqliteLightningStore(path)
+    if backend == "memory":
+        from agentlightning.store.memory import InMemoryLightningStore
+
+        return InMemoryLightningStore()
+    if backend in ("postgres", "postgresql"):
+        raise ValueError(
+            f"the postgres backend (dsn={dsn!r}) is not available in this version; use backend='sqlite' "
+            "for a single machine"
+        )
+    raise ValueError(f"unknown store backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def _uvicorn_config(app: Any, host: str, port: int, log_level: str) -> uvicorn.Config:
+    # h11 + asyncio: no optional speedups are assumed installed; lifespan off because the store is managed here.
+    return uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off", loop="asyncio", http="h11"
+    )
+
+
+def serve_store(
+    *,
+    backend: str = "sqlite",
+    path: str | None = "runs/store.db",
+    dsn: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 4747,
+    token: str | None = None,
+    **app_options: Any,
+) -> None:
+    """Serve a store over HTTP until interrupted (blocking); ``app_options`` go to :func:`create_app`."""
+    token = resolve_token(host, token)
+    store = open_store(backend, path=path, dsn=dsn)
+    app = create_app(store, token=token, **app_options)
+    where = f"{backend}:{path}" if backend == "sqlite" else backend
+    auth = "bearer token required" if token else "no token (loopback only)"
+    print(f"Agent Lightning store ({where}) serving at http://{_url_host(host)}:{port} — {auth}", flush=True)
+
+    async def run() -> None:
+        try:
+            await uvicorn.Server(_uvicorn_config(app, host, port, "info")).serve()
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+class StoreServer:
+    """A store server on a background thread, for tests and embedding: ``with StoreServer(store) as s: s.url``.
+
+    ``store`` may be a factory, called on the server thread: backends holding thread-bound handles (sqlite3
+    connections) are then created where they are used. The store is closed on exit when ``close_store`` is true
+    (the default for factories).
+    """
+
+    def __init__(
+        self,
+        store: LightningStore | Callable[[], LightningStore],
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        *,
+        close_store: bool | None = None,
+        startup_timeout_s: float = 10.0,
+        **app_options: Any,
+    ) -> None:
+        self._store_or_factory = store
+        self.host = host
+        self.token = resolve_token(host, token)
+        self._close_store = (not isinstance(store, LightningStore)) if close_store is None else close_store
+        self._startup_timeout_s = startup_timeout_s
+        self._app_options = app_options
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.store: LightningStore | None = store if isinstance(store, LightningStore) else None
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        """Base URL of the running server, e.g. ``http://127.0.0.1:53411``."""
+        if self._thread is None:
+            raise RuntimeError("StoreServer is not running; use it as a context manager or call start()")
+        return f"http://{_url_host(self.host)}:{self.port}"
+
+    def start(self) -> StoreServer:
+        """Bind, start the server thread and wait until it accepts connections."""
+        if self._thread is not None:
+            raise RuntimeError("StoreServer is already running")
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host.strip("[]"), self.port))
+        self.port = sock.getsockname()[1]  # port 0 -> the ephemeral port the OS chose
+        self._socket = sock
+        self._thread = threading.Thread(target=self._run, name=f"agl-store-server:{self.port}", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(self._startup_timeout_s) or self._error is not None:
+            self.stop()
+            raise RuntimeError(f"store server on {self.host}:{self.port} did not start: {self._error!r}")
+        return self
+
+    def stop(self) -> None:
+        """Ask the server to finish open requests, stop it and join its thread."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # reported to start(); the thread must not die silently
+            self._error = exc
+            self._ready.set()
+            logger.exception("store server thread failed")
+
+    async def _serve(self) -> None:
+        store = self._store_or_factory if isinstance(self._store_or_factory, LightningStore) else None
+        if store is None:
+            factory = self._store_or_factory
+            assert callable(factory)
+            store = factory()
+        self.store = store
+        app = create_app(store, token=self.token, **self._app_options)
+        server = uvicorn.Server(_uvicorn_config(app, self.host, self.port, "warning"))
+        self._server = server
+        assert self._socket is not None
+        serving = asyncio.ensure_future(server.serve(sockets=[self._socket]))
+        try:
+            while not server.started and not serving.done():  # noqa: ASYNC110 - uvicorn offers a flag, no event
+                await asyncio.sleep(0.005)
+            self._ready.set()
+            await serving
+        finally:
+            if self._close_store:
+                await store.close()
+
+    def __enter__(self) -> StoreServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
