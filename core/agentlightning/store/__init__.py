@@ -8,6 +8,7 @@ from agentlightning.store.base import (
     StoreStatistics,
 )
 from agentlightning.store.memory import InMemoryLightningStore
+from agentlightning.store.sqlite import SqliteLightningStore
 from agentlightning.store.sync import SyncLightningStore
 from agentlightning.store.watchdog import Watchdog
 
@@ -16,6 +17,7 @@ __all__ = [
     "InMemoryLightningStore",
     "LightningStore",
     "NotFoundError",
+    "SqliteLightningStore",
     "StoreError",
     "StoreStatistics",
     "SyncLightningStore",

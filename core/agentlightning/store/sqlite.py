@@ -1,0 +1,625 @@
+"""SqliteLightningStore: the embedded default backend — one WAL file, durable, shared by processes on one machine.
+
+Durability: every write is one transaction committed before the method returns. In WAL mode a commit appends the
+transaction's frames to the ``-wal`` file with ``write()`` before ``sqlite3_step(COMMIT)`` returns, so once a method
+has returned its data is in the operating system's page cache and survives ``kill -9`` of this process with any
+``synchronous`` setting. ``synchronous="FULL"`` (the default) also fsyncs the WAL on every commit, so an
+acknowledged write survives power loss and kernel crashes too; ``"NORMAL"`` skips that fsync (faster; a power loss
+may drop the last few acknowledged transactions, never corrupting the file).
+
+Processes: every write transaction starts with ``BEGIN IMMEDIATE``, which takes the database's single write lock
+before reading, so a claim's "find the oldest claimable rollout, then mark it preparing" is atomic across threads
+and processes. Readers never block writers (WAL). Within a process one connection, guarded by a lock, serves all
+threads and event loops.
+
+Schema: versioned in code (:data:`MIGRATIONS`, applied in order, recorded in ``schema_version``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import Any, Final, Literal
+
+import orjson
+
+from agentlightning.store._statemachine import (
+    ChangeNotifier,
+    attempt_not_found,
+    new_id,
+    op_cancel,
+    op_check_timeouts,
+    op_claim,
+    op_enqueue,
+    op_finish,
+    op_heartbeat,
+    op_start,
+    op_update_metadata,
+    rollout_not_found,
+    span_attempt_keys,
+    wait_until,
+)
+from agentlightning.store.base import LightningStore, NotFoundError, SortOrder, StoreError, StoreStatistics
+from agentlightning.types import (
+    ROLLOUT_TERMINAL,
+    Attempt,
+    AttemptStatus,
+    ClaimedRollout,
+    Resource,
+    ResourcesSnapshot,
+    Rollout,
+    RolloutConfig,
+    RolloutMode,
+    RolloutRequest,
+    RolloutStatus,
+    Span,
+)
+
+# (version, description, SQL statements separated by ";"). Append new migrations; never edit a released one.
+MIGRATIONS: Final[tuple[tuple[int, str, str], ...]] = (
+    (
+        1,
+        "rollouts, attempts, spans, resources",
+        """
+        CREATE TABLE rollouts (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT, rollout_id TEXT NOT NULL UNIQUE, status TEXT NOT NULL,
+            mode TEXT, group_id TEXT, resources_id TEXT, input BLOB NOT NULL, config BLOB NOT NULL,
+            metadata BLOB NOT NULL, enqueue_time INTEGER NOT NULL, start_time INTEGER, end_time INTEGER,
+            num_attempts INTEGER NOT NULL);
+        -- partial index in enqueue order: a claim reads its first row instead of sorting the queue
+        CREATE INDEX rollouts_claimable ON rollouts(seq) WHERE status IN ('queuing', 'requeuing');
+        CREATE INDEX rollouts_status ON rollouts(status);
+        CREATE INDEX rollouts_group ON rollouts(group_id);
+        CREATE TABLE attempts (
+            rollout_id TEXT NOT NULL, attempt_id TEXT NOT NULL UNIQUE, sequence_id INTEGER NOT NULL,
+            status TEXT NOT NULL, worker_id TEXT, start_time INTEGER NOT NULL, end_time INTEGER,
+            last_heartbeat_time INTEGER, error TEXT, resources_id TEXT, span_count INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (rollout_id, sequence_id));
+        CREATE INDEX attempts_live ON attempts(status) WHERE status IN ('preparing', 'running');
+        CREATE TABLE spans (
+            id INTEGER PRIMARY KEY, rollout_id TEXT NOT NULL, attempt_seq INTEGER NOT NULL,
+            sequence_id INTEGER NOT NULL, attempt_id TEXT NOT NULL, span_id TEXT NOT NULL, name TEXT NOT NULL,
+            data BLOB NOT NULL);
+        CREATE UNIQUE INDEX spans_order ON spans(rollout_id, attempt_seq, sequence_id);
+        CREATE UNIQUE INDEX spans_key ON spans(attempt_id, span_id);
+        CREATE TABLE resources (version INTEGER PRIMARY KEY, resources_id TEXT NOT NULL UNIQUE, data BLOB NOT NULL)
+        """,
+    ),
+)
+
+_ROLLOUT_FIELDS: Final = (
+    "rollout_id", "status", "mode", "group_id", "resources_id", "input", "config", "metadata", "enqueue_time",
+    "start_time", "end_time", "num_attempts",
+)  # fmt: skip
+_ATTEMPT_FIELDS: Final = (
+    "rollout_id", "attempt_id", "sequence_id", "status", "worker_id", "start_time", "end_time",
+    "last_heartbeat_time", "error", "resources_id",
+)  # fmt: skip
+_ROLLOUT_COLUMNS: Final = ", ".join(_ROLLOUT_FIELDS)
+_ATTEMPT_COLUMNS: Final = ", ".join(_ATTEMPT_FIELDS)
+_SELECT_ROLLOUT: Final = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts"
+_SELECT_ATTEMPT: Final = f"SELECT {_ATTEMPT_COLUMNS} FROM attempts"
+_CHUNK: Final = 500  # bound parameters per IN (...) query, well under SQLite's limit
+
+# Stores on the same file in one process share a notifier, so a waiting claim wakes at once; other processes'
+# changes are seen by polling every POLL_S.
+_NOTIFIERS: dict[str, ChangeNotifier] = {}
+_NOTIFIERS_LOCK = threading.Lock()
+POLL_S: Final = 0.02
+
+
+@functools.lru_cache(maxsize=1024)
+def _config(raw: bytes) -> RolloutConfig:
+    """Parse a stored RolloutConfig; configs are frozen and few, so parsed ones are shared."""
+    return RolloutConfig.model_validate_json(raw)
+
+
+def _dumps(value: Any, what: str) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except TypeError as exc:
+        raise ValueError(f"{what} must be JSON-serialisable to be stored in SQLite: {exc}") from exc
+
+
+def _rollout(row: tuple[Any, ...]) -> Rollout:
+    # model_construct: every row was validated on its way in.
+    fields = dict(zip(_ROLLOUT_FIELDS, row, strict=True))
+    fields["input"] = orjson.loads(row[5])
+    fields["config"] = _config(row[6])
+    fields["metadata"] = orjson.loads(row[7])
+    return Rollout.model_construct(**fields)
+
+
+def _attempt(row: tuple[Any, ...]) -> Attempt:
+    return Attempt.model_construct(**dict(zip(_ATTEMPT_FIELDS, row, strict=True)))
+
+
+class _SqliteTxn:
+    """SQL row access for the shared state machine, inside a ``BEGIN IMMEDIATE`` transaction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def get_rollout(self, rollout_id: str) -> Rollout | None:
+        row = self.conn.execute(f"{_SELECT_ROLLOUT} WHERE rollout_id = ?", (rollout_id,)).fetchone()
+        return None if row is None else _rollout(row)
+
+    def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None:
+        rows = [
+            (
+                r.rollout_id,
+                r.status,
+                r.mode,
+                r.group_id,
+                r.resources_id,
+                _dumps(r.input, f"input of rollout {r.rollout_id}"),
+                r.config.__pydantic_serializer__.to_json(r.config),
+                _dumps(r.metadata, f"metadata of rollout {r.rollout_id}"),
+                r.enqueue_time,
+                r.start_time,
+                r.end_time,
+                r.num_attempts,
+            )
+            for r in rollouts
+        ]
+        self.conn.executemany(f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+
+    def update_rollout(self, rollout: Rollout) -> None:
+        self.conn.execute(
+            "UPDATE rollouts SET status = ?, metadata = ?, start_time = ?, end_time = ?, num_attempts = ? "
+            "WHERE rollout_id = ?",
+            (
+                rollout.status,
+                _dumps(rollout.metadata, f"metadata of rollout {rollout.rollout_id}"),
+                rollout.start_time,
+                rollout.end_time,
+                rollout.num_attempts,
+                rollout.rollout_id,
+            ),
+        )
+
+    def first_claimable(self) -> Rollout | None:
+        row = self.conn.execute(
+            f"{_SELECT_ROLLOUT} WHERE status IN ('queuing', 'requeuing') ORDER BY seq LIMIT 1"
+        ).fetchone()
+        return None if row is None else _rollout(row)
+
+    def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
+        row = self.conn.execute(
+            f"{_SELECT_ATTEMPT} WHERE attempt_id = ? AND rollout_id = ?", (attempt_id, rollout_id)
+        ).fetchone()
+        return None if row is None else _attempt(row)
+
+    def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        rows = self.conn.execute(f"{_SELECT_ATTEMPT} WHERE rollout_id = ? ORDER BY sequence_id", (rollout_id,))
+        return [_attempt(row) for row in rows]
+
+    def insert_attempt(self, attempt: Attempt) -> None:
+        self.conn.execute(
+            f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            tuple(getattr(attempt, field) for field in _ATTEMPT_FIELDS),
+        )
+
+    def update_attempt(self, attempt: Attempt) -> None:
+        self.conn.execute(
+            "UPDATE attempts SET status = ?, end_time = ?, last_heartbeat_time = ?, error = ? WHERE attempt_id = ?",
+            (attempt.status, attempt.end_time, attempt.last_heartbeat_time, attempt.error, attempt.attempt_id),
+        )
+
+    def live_attempts(self) -> list[Attempt]:
+        rows = self.conn.execute(f"{_SELECT_ATTEMPT} WHERE status IN ('preparing', 'running')")
+        return [_attempt(row) for row in rows]
+
+    def resources_exist(self, resources_id: str) -> bool:
+        return (
+            self.conn.execute("SELECT 1 FROM resources WHERE resources_id = ?", (resources_id,)).fetchone() is not None
+        )
+
+    def latest_resources_id(self) -> str | None:
+        row = self.conn.execute("SELECT resources_id FROM resources ORDER BY version DESC LIMIT 1").fetchone()
+        return None if row is None else str(row[0])
+
+
+class SqliteLightningStore(LightningStore):
+    """A LightningStore in one SQLite file (WAL): durable on return, safe for threads, loops and processes."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Callable[[], int] | None = None,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        busy_timeout_s: float = 30.0,
+    ) -> None:
+        """Open (creating and migrating if needed) the database at ``path``.
+
+        ``clock`` returns nanoseconds since the epoch (tests pass a fake one). ``synchronous`` chooses power-loss
+        durability (FULL) or process-crash durability only (NORMAL); see the module docstring.
+        ``busy_timeout_s`` is how long a write waits for another process's transaction.
+        """
+        self.path = os.fspath(path)
+        if self.path == ":memory:" or self.path.startswith("file:"):
+            raise ValueError(
+                f"SqliteLightningStore needs a file path, got {self.path!r}; use InMemoryLightningStore for a "
+                "throwaway store"
+            )
+        self._clock: Callable[[], int] = clock or time.time_ns
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = sqlite3.connect(
+            self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        self._txn = _SqliteTxn(self._conn)
+        with _NOTIFIERS_LOCK:
+            self._notifier = _NOTIFIERS.setdefault(os.path.realpath(self.path), ChangeNotifier())
+        try:
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute(f"PRAGMA synchronous = {synchronous}")
+            self._migrate()
+        except BaseException:
+            self._conn.close()
+            raise
+
+    # --- plumbing ------------------------------------------------------------------------------------------------
+    def _migrate(self) -> None:
+        with self._write() as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version "
+                "(version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_time INTEGER NOT NULL)"
+            )
+            current = conn.execute("SELECT COALESCE(MAX(version), 0) FROM schema_version").fetchone()[0]
+            latest = MIGRATIONS[-1][0]
+            if current > latest:
+                raise StoreError(
+                    f"{self.path} has schema version {current}, newer than this agentlightning knows ({latest}); "
+                    "upgrade agentlightning-core to open it"
+                )
+            for version, description, statements in MIGRATIONS:
+                if version <= current:
+                    continue
+                for statement in statements.split(";"):
+                    conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO schema_version (version, description, applied_time) VALUES (?, ?, ?)",
+                    (version, description, time.time_ns()),
+                )
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version of the open database."""
+        with self._read() as conn:
+            return int(conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0])
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"SqliteLightningStore({self.path!r}) is closed; open a new one")
+        return self._conn
+
+    @contextlib.contextmanager
+    def _write(self) -> Generator[sqlite3.Connection]:
+        """One write transaction, committed (durably) on exit or rolled back entirely on error."""
+        with self._lock:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _read(self) -> Generator[sqlite3.Connection]:
+        with self._lock:
+            yield self._connection()
+
+    # --- rollout queue -------------------------------------------------------------------------------------------
+    async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+        """Enqueue rollouts in order, in one transaction; returns them in ``queuing``."""
+        with self._write():
+            rollouts = op_enqueue(self._txn, requests, self._clock())
+        self._notifier.notify()
+        return rollouts
+
+    def _claim_now(self, worker_id: str | None) -> ClaimedRollout | None:
+        with self._write():
+            return op_claim(self._txn, worker_id, self._clock())
+
+    async def claim_rollout(
+        self, worker_id: str | None = None, *, timeout_s: float | None = None
+    ) -> ClaimedRollout | None:
+        """Claim the oldest claimable rollout, waiting up to ``timeout_s`` for one."""
+        if timeout_s is None:
+            return self._claim_now(worker_id)
+        result: ClaimedRollout | None = await wait_until(
+            self._notifier, lambda: self._claim_now(worker_id), timeout_s, time.monotonic, POLL_S
+        )
+        return result
+
+    async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
+        """Mark a claimed attempt and its rollout ``running``."""
+        with self._write():
+            return op_start(self._txn, rollout_id, attempt_id, self._clock())
+
+    async def finish_attempt(
+        self, rollout_id: str, attempt_id: str, status: AttemptStatus, *, error: str | None = None
+    ) -> Attempt:
+        """Record the attempt's terminal status; the rollout succeeds, is requeued, or fails."""
+        with self._write():
+            attempt = op_finish(self._txn, rollout_id, attempt_id, status, error, self._clock())
+        self._notifier.notify()
+        return attempt
+
+    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+        """Cancel a non-terminal rollout so it is never claimed again."""
+        with self._write():
+            rollout = op_cancel(self._txn, rollout_id, self._clock())
+        self._notifier.notify()
+        return rollout
+
+    async def update_rollout_metadata(self, rollout_id: str, metadata: Mapping[str, Any]) -> Rollout:
+        """Merge keys into a rollout's metadata."""
+        with self._write():
+            return op_update_metadata(self._txn, rollout_id, metadata)
+
+    async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
+        """Record that a live attempt is alive."""
+        with self._write():
+            return op_heartbeat(self._txn, rollout_id, attempt_id, self._clock())
+
+    # --- spans ---------------------------------------------------------------------------------------------------
+    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+        """Store spans idempotently with per-attempt sequence ids, in one transaction."""
+        keys = span_attempt_keys(spans)
+        if not spans:
+            return []
+        with self._write() as conn:
+            now = self._clock()
+            # attempt_id -> [attempt sequence, spans stored so far, live?]
+            state: dict[str, list[Any]] = {}
+            for rollout_id, attempt_id in keys:
+                row = conn.execute(
+                    "SELECT sequence_id, span_count, status IN ('preparing', 'running') FROM attempts "
+                    "WHERE attempt_id = ? AND rollout_id = ?",
+                    (attempt_id, rollout_id),
+                ).fetchone()
+                if row is None:
+                    if self._txn.get_rollout(rollout_id) is None:
+                        raise NotFoundError(f"span names an unknown attempt: {rollout_not_found(rollout_id)}")
+                    raise attempt_not_found(
+                        rollout_id, attempt_id, (a.attempt_id for a in self._txn.list_attempts(rollout_id))
+                    )
+                state[attempt_id] = list(row)
+            existing = self._existing_spans(conn, spans)
+            stored: list[Span] = []
+            rows: list[tuple[Any, ...]] = []
+            for span in spans:
+                key = (span.attempt_id, span.span_id)
+                found = existing.get(key)
+                if found is None:
+                    entry = state[span.attempt_id]
+                    entry[1] += 1
+                    found = span.model_copy(update={"sequence_id": entry[1]})
+                    existing[key] = found
+                    rows.append(
+                        (
+                            span.rollout_id,
+                            entry[0],
+                            entry[1],
+                            span.attempt_id,
+                            span.span_id,
+                            span.name,
+                            found.__pydantic_serializer__.to_json(found),
+                        )
+                    )
+                stored.append(found)
+            conn.executemany(
+                "INSERT INTO spans (rollout_id, attempt_seq, sequence_id, attempt_id, span_id, name, data) "
+                "VALUES (?,?,?,?,?,?,?)",
+                rows,
+            )
+            # A span proves life only for its own attempt; a superseded (terminal) one keeps its state.
+            conn.executemany(
+                "UPDATE attempts SET span_count = ?, "
+                "last_heartbeat_time = CASE WHEN ? THEN ? ELSE last_heartbeat_time END WHERE attempt_id = ?",
+                [(entry[1], entry[2], now, attempt_id) for attempt_id, entry in state.items()],
+            )
+        return stored
+
+    @staticmethod
+    def _existing_spans(conn: sqlite3.Connection, spans: Sequence[Span]) -> dict[tuple[str, str], Span]:
+        by_attempt: dict[str, list[str]] = {}
+        for span in spans:
+            by_attempt.setdefault(span.attempt_id, []).append(span.span_id)
+        found: dict[tuple[str, str], Span] = {}
+        for attempt_id, span_ids in by_attempt.items():
+            for i in range(0, len(span_ids), _CHUNK):
+                chunk = span_ids[i : i + _CHUNK]
+                marks = ",".join("?" * len(chunk))
+                rows = conn.execute(
+                    f"SELECT span_id, data FROM spans WHERE attempt_id = ? AND span_id IN ({marks})",
+                    (attempt_id, *chunk),
+                )
+                for span_id, data in rows:
+                    found[(attempt_id, span_id)] = Span.model_validate_json(data)
+        return found
+
+    async def query_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str | Literal["latest"] | None = None,
+        *,
+        name: str | None = None,
+        after_sequence_id: int = 0,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Span]:
+        """Spans of a rollout in (attempt, sequence_id) order, filtered and paged."""
+        sql = "SELECT data FROM spans WHERE rollout_id = ? AND sequence_id > ?"
+        params: list[Any] = [rollout_id, after_sequence_id]
+        with self._read():
+            rollout = self._txn.get_rollout(rollout_id)
+            if rollout is None:
+                raise rollout_not_found(rollout_id)
+            if attempt_id == "latest":
+                sql += " AND attempt_seq = ?"
+                params.append(rollout.num_attempts)
+            elif attempt_id is not None:
+                attempt = self._txn.get_attempt(rollout_id, attempt_id)
+                if attempt is None:
+                    known = (a.attempt_id for a in self._txn.list_attempts(rollout_id))
+                    raise attempt_not_found(rollout_id, attempt_id, known)
+                sql += " AND attempt_seq = ?"
+                params.append(attempt.sequence_id)
+            if name is not None:
+                sql += " AND name = ?"
+                params.append(name)
+            sql += " ORDER BY attempt_seq, sequence_id LIMIT ? OFFSET ?"
+            params += [-1 if limit is None else limit, offset]
+            rows = self._txn.conn.execute(sql, params).fetchall()
+        return [Span.model_validate_json(row[0]) for row in rows]
+
+    # --- queries -------------------------------------------------------------------------------------------------
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        """One rollout; NotFoundError if unknown."""
+        with self._read():
+            rollout = self._txn.get_rollout(rollout_id)
+        if rollout is None:
+            raise rollout_not_found(rollout_id)
+        return rollout
+
+    async def query_rollouts(
+        self,
+        *,
+        status: Sequence[RolloutStatus] | None = None,
+        mode: RolloutMode | None = None,
+        rollout_ids: Sequence[str] | None = None,
+        group_id: str | None = None,
+        sort: SortOrder = "asc",
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Rollout]:
+        """Rollouts matching every given filter, in enqueue order (or reversed)."""
+        where: list[str] = []
+        params: list[Any] = []
+        if status is not None:
+            where.append(f"status IN ({','.join('?' * len(status))})")
+            params += status
+        if mode is not None:
+            where.append("mode = ?")
+            params.append(mode)
+        if group_id is not None:
+            where.append("group_id = ?")
+            params.append(group_id)
+        if rollout_ids is not None:
+            # json_each keeps any number of ids within SQLite's bound-parameter limit.
+            where.append("rollout_id IN (SELECT value FROM json_each(?))")
+            params.append(orjson.dumps(list(rollout_ids)).decode())
+        sql = _SELECT_ROLLOUT
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += f" ORDER BY seq {'DESC' if sort == 'desc' else 'ASC'} LIMIT ? OFFSET ?"
+        params += [-1 if limit is None else limit, offset]
+        with self._read() as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [_rollout(row) for row in rows]
+
+    async def query_attempts(self, rollout_id: str) -> list[Attempt]:
+        """Attempts of a rollout, oldest first."""
+        with self._read():
+            if self._txn.get_rollout(rollout_id) is None:
+                raise rollout_not_found(rollout_id)
+            return self._txn.list_attempts(rollout_id)
+
+    def _terminal(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+        with self._read() as conn:
+            rows = conn.execute(
+                f"{_SELECT_ROLLOUT} WHERE rollout_id IN (SELECT value FROM json_each(?))",
+                (orjson.dumps(list(rollout_ids)).decode(),),
+            ).fetchall()
+        by_id = {row[0]: row for row in rows}
+        missing = [rid for rid in rollout_ids if rid not in by_id]
+        if missing:
+            raise rollout_not_found(missing[0])
+        return [_rollout(by_id[rid]) for rid in rollout_ids if by_id[rid][1] in ROLLOUT_TERMINAL]
+
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], *, timeout_s: float | None = None) -> list[Rollout]:
+        """Wait until every rollout is terminal or the timeout passes; returns the terminal ones."""
+        await wait_until(
+            self._notifier,
+            lambda: len(self._terminal(rollout_ids)) == len(rollout_ids),
+            timeout_s,
+            time.monotonic,
+            POLL_S,
+        )
+        return self._terminal(rollout_ids)
+
+    # --- resources -----------------------------------------------------------------------------------------------
+    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourcesSnapshot:
+        """Store a new immutable snapshot; it becomes the latest (versions 1, 2, 3, ...)."""
+        with self._write() as conn:
+            version = conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM resources").fetchone()[0]
+            snapshot = ResourcesSnapshot(
+                resources_id=new_id("rs"), version=version, create_time=self._clock(), resources=dict(resources)
+            )
+            conn.execute(
+                "INSERT INTO resources (version, resources_id, data) VALUES (?, ?, ?)",
+                (version, snapshot.resources_id, snapshot.model_dump_json()),
+            )
+        return snapshot
+
+    async def get_resources(self, resources_id: str | None = None) -> ResourcesSnapshot | None:
+        """A snapshot by id, or the latest when id is None."""
+        with self._read() as conn:
+            if resources_id is None:
+                row = conn.execute("SELECT data FROM resources ORDER BY version DESC LIMIT 1").fetchone()
+                return None if row is None else ResourcesSnapshot.model_validate_json(row[0])
+            row = conn.execute("SELECT data FROM resources WHERE resources_id = ?", (resources_id,)).fetchone()
+            if row is None:
+                known = [r[0] for r in conn.execute("SELECT resources_id FROM resources ORDER BY version")]
+                has = ", ".join(known) or "none yet (add_resources() creates one)"
+                raise NotFoundError(f"resources {resources_id!r} not found; known snapshots: {has}")
+        return ResourcesSnapshot.model_validate_json(row[0])
+
+    async def list_resources(self) -> list[ResourcesSnapshot]:
+        """All snapshots, oldest first."""
+        with self._read() as conn:
+            rows = conn.execute("SELECT data FROM resources ORDER BY version").fetchall()
+        return [ResourcesSnapshot.model_validate_json(row[0]) for row in rows]
+
+    # --- operations ----------------------------------------------------------------------------------------------
+    async def check_timeouts(self, now: int | None = None) -> list[Attempt]:
+        """Watchdog tick: end attempts past their timeout or heartbeat timeout."""
+        with self._write():
+            changed = op_check_timeouts(self._txn, self._clock() if now is None else now)
+        if changed:
+            self._notifier.notify()
+        return changed
+
+    async def statistics(self) -> StoreStatistics:
+        """Counts per status, spans and stored span bytes."""
+        with self._read() as conn:
+            rollouts = dict(conn.execute("SELECT status, COUNT(*) FROM rollouts GROUP BY status").fetchall())
+            attempts = dict(conn.execute("SELECT status, COUNT(*) FROM attempts GROUP BY status").fetchall())
+            spans, span_bytes = conn.execute("SELECT COUNT(*), COALESCE(SUM(LENGTH(data)), 0) FROM spans").fetchone()
+            resources = conn.execute("SELECT COUNT(*) FROM resources").fetchone()[0]
+        return StoreStatistics(
+            rollouts_by_status=rollouts,
+            attempts_by_status=attempts,
+            total_rollouts=sum(rollouts.values()),
+            total_attempts=sum(attempts.values()),
+            total_spans=spans,
+            span_bytes=span_bytes,
+            total_resources=resources,
+        )
+
+    async def close(self) -> None:
+        """Close the connection; closing twice is a no-op."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
