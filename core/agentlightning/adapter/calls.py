@@ -1,0 +1,180 @@
+"""LLM calls of one attempt, found from proxy and native-hook spans and joined by ``gen_ai.response.id``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeAlias, cast
+
+from agentlightning import semconv
+from agentlightning.adapter.tree import CallTree, build_call_tree
+from agentlightning.types import Span
+
+EventOrder: TypeAlias = Literal["time", "sequence"]
+"""How calls and rewards of an attempt are put in order.
+
+``"time"`` (default): by timestamps (a call at its end, a reward at its start), ties by sequence id. Right when the
+agent, its hooks and the proxy share a clock (one machine, or NTP-synchronised ones), and immune to batching
+tracers delivering spans late. ``"sequence"``: by the store's sequence id, ties by time. Right when clocks disagree
+but every span reaches the store as soon as it ends.
+"""
+
+# GenAI operation names of model calls; semconv promises "chat" for ours, the others come from plain OTLP senders.
+_LLM_OPERATIONS = frozenset({semconv.OP_CHAT, "text_completion", "generate_content"})
+_OPERATION = semconv.GEN_AI_OPERATION_NAME
+_RESPONSE_ID = semconv.GEN_AI_RESPONSE_ID
+_SOURCE = semconv.SPAN_SOURCE
+_AGENT_NAME = semconv.GEN_AI_AGENT_NAME
+_PROMPT_IDS = semconv.PROMPT_TOKEN_IDS
+_RESPONSE_IDS = semconv.RESPONSE_TOKEN_IDS
+_LOGPROBS = semconv.RESPONSE_LOGPROBS
+_POLICY_VERSION = semconv.POLICY_VERSION
+_INPUT_MESSAGES = semconv.GEN_AI_INPUT_MESSAGES
+_OUTPUT_MESSAGES = semconv.GEN_AI_OUTPUT_MESSAGES
+_SYSTEM_INSTRUCTIONS = semconv.GEN_AI_SYSTEM_INSTRUCTIONS
+_PROXY = semconv.SOURCE_PROXY
+
+
+@dataclass(slots=True)
+class LLMCall:
+    """One model call of an attempt, merged from every span that recorded it (proxy and native hook)."""
+
+    span_id: str
+    """The span that gives the call its place in the tree: the hook's when there is one, else the proxy's."""
+    span_ids: tuple[str, ...]
+    """Every span that recorded this call (twins share ``gen_ai.response.id``)."""
+    response_id: str | None
+    agent_name: str | None
+    """Own ``gen_ai.agent.name`` of any twin, else the nearest ancestor's (see :meth:`CallTree.agent_name`)."""
+    sources: tuple[str, ...]
+    """``agentlightning.span.source`` of the twins, e.g. ``("hook", "proxy")``."""
+    start_time: int
+    end_time: int
+    sequence_id: int
+    prompt_token_ids: list[int]
+    """Empty when no twin carries token ids (the call did not go through the proxy)."""
+    response_token_ids: list[int]
+    response_logprobs: list[float] | None
+    policy_version: int | None
+    input_messages: str | None
+    """``gen_ai.input.messages`` as recorded (a JSON string); parsed only when a transition needs it."""
+    output_messages: str | None
+    system_instructions: str | None
+    failed: bool
+    """True when the span status is ERROR (the call has no usable response)."""
+    turn_index: int = 0
+    """Position among all calls of the attempt (0-based, every agent), in the adapter's event order."""
+
+    @property
+    def has_token_ids(self) -> bool:
+        """True when both prompt and response token ids are present (required for RL)."""
+        return bool(self.prompt_token_ids) and bool(self.response_token_ids)
+
+
+def is_llm_span(span: Span) -> bool:
+    """True for spans that record a model call (``gen_ai.operation.name`` is ``chat`` or another GenAI model op)."""
+    return span.attributes.get(_OPERATION) in _LLM_OPERATIONS
+
+
+def call_order_key(call: LLMCall, order: EventOrder) -> tuple[int, int, int]:
+    """Sort key of a call in the attempt's event order (a call counts at its end: its response exists then)."""
+    if order == "sequence":
+        return (call.sequence_id, call.end_time, 0)
+    return (call.end_time, 0, call.sequence_id)
+
+
+def find_llm_calls(spans: Sequence[Span], *, tree: CallTree | None = None, order: EventOrder = "time") -> list[LLMCall]:
+    """The model calls of one attempt in event order, proxy/hook twins joined into one call by response id."""
+    if tree is None:
+        tree = build_call_tree(spans)
+    groups: dict[str, list[Span]] = {}
+    singles: list[list[Span]] = []
+    for span in tree.spans.values():
+        attributes = span.attributes
+        if attributes.get(_OPERATION) not in _LLM_OPERATIONS:
+            continue
+        response_id = attributes.get(_RESPONSE_ID)
+        if isinstance(response_id, str) and response_id:
+            group = groups.get(response_id)
+            if group is None:
+                groups[response_id] = [span]
+            else:
+                group.append(span)
+        else:
+            singles.append([span])
+    calls = [_merge(twins, tree) for twins in (*groups.values(), *singles)]
+    calls.sort(key=lambda call: call_order_key(call, order))
+    for index, call in enumerate(calls):
+        call.turn_index = index
+    return calls
+
+
+def _merge(twins: list[Span], tree: CallTree) -> LLMCall:
+    """One call from the spans that recorded it: token ids from the proxy, place and agent from the hook."""
+    if len(twins) == 1:
+        structural = data = twins[0]
+        ordered = twins
+    else:
+        # Proxy spans first for data (engine token ids), others first for structure (the agent's own tree).
+        ordered = sorted(twins, key=lambda s: (s.attributes.get(_SOURCE) != _PROXY, s.sequence_id))
+        data = ordered[0]
+        structural = next((s for s in ordered if s.attributes.get(_SOURCE) != _PROXY), data)
+    attributes = data.attributes
+    prompt_ids = attributes.get(_PROMPT_IDS)
+    response_ids = attributes.get(_RESPONSE_IDS)
+    logprobs = attributes.get(_LOGPROBS)
+    version = attributes.get(_POLICY_VERSION)
+    input_messages = structural.attributes.get(_INPUT_MESSAGES)
+    output_messages = structural.attributes.get(_OUTPUT_MESSAGES)
+    system = structural.attributes.get(_SYSTEM_INSTRUCTIONS)
+    agent_name = structural.attributes.get(_AGENT_NAME)
+    failed = structural.status.code == "ERROR"
+    if len(twins) > 1:
+        for twin in ordered:
+            a = twin.attributes
+            prompt_ids = prompt_ids or a.get(_PROMPT_IDS)
+            response_ids = response_ids or a.get(_RESPONSE_IDS)
+            logprobs = logprobs or a.get(_LOGPROBS)
+            version = version if version is not None else a.get(_POLICY_VERSION)
+            input_messages = input_messages or a.get(_INPUT_MESSAGES)
+            output_messages = output_messages or a.get(_OUTPUT_MESSAGES)
+            system = system or a.get(_SYSTEM_INSTRUCTIONS)
+            agent_name = agent_name or a.get(_AGENT_NAME)
+            failed = failed or twin.status.code == "ERROR"
+    if not isinstance(agent_name, str) or not agent_name:
+        agent_name = tree.agent_name(structural.span_id)
+        if agent_name is None and structural is not data:
+            agent_name = tree.agent_name(data.span_id)
+    response_id = attributes.get(_RESPONSE_ID)
+    end_time = structural.end_time if structural.end_time is not None else structural.start_time
+    return LLMCall(
+        span_id=structural.span_id,
+        span_ids=tuple(s.span_id for s in ordered),
+        response_id=response_id if isinstance(response_id, str) else None,
+        agent_name=agent_name,
+        sources=tuple(str(s.attributes.get(_SOURCE, "unknown")) for s in ordered),
+        start_time=structural.start_time,
+        end_time=end_time,
+        sequence_id=structural.sequence_id,
+        prompt_token_ids=_ints(prompt_ids),
+        response_token_ids=_ints(response_ids),
+        response_logprobs=_floats(logprobs),
+        policy_version=version if isinstance(version, int) and not isinstance(version, bool) else None,
+        input_messages=input_messages if isinstance(input_messages, str) else None,
+        output_messages=output_messages if isinstance(output_messages, str) else None,
+        system_instructions=system if isinstance(system, str) else None,
+        failed=failed,
+    )
+
+
+def _ints(value: object) -> list[int]:
+    # The contract types these attributes list[int]; anything else (a string from a lossy exporter) counts as absent.
+    if isinstance(value, list) and value:
+        return cast(list[int], value)
+    return []
+
+
+def _floats(value: object) -> list[float] | None:
+    if isinstance(value, list) and value:
+        return cast(list[float], value)
+    return None

@@ -1,0 +1,210 @@
+"""``agl check``: is what the store holds trainable? Per rollout, what the adapter finds, and the fix for each gap."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from agentlightning import semconv
+from agentlightning.adapter.calls import LLMCall
+from agentlightning.adapter.credit import is_reward_span, read_reward
+from agentlightning.adapter.selection import AgentSelector, AgentSpec
+from agentlightning.adapter.trace import TraceAdapter
+from agentlightning.store.base import LightningStore
+from agentlightning.types import Span
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+FIX_NO_SPANS = "no spans recorded: run the agent through a Runner (or rollout_context) that traces into this store"
+FIX_NO_CALLS = (
+    "no LLM calls found (no span with gen_ai.operation.name='chat'): install the framework's integration "
+    '(pip install "agent-lightning[langchain]", [autogen], [openai-agents], [crewai]) or route the calls through '
+    "the proxy (LLM.base_url_for)"
+)
+FIX_NO_TOKEN_IDS = (
+    "route the agent's LLM calls through the proxy (LLM.base_url_for) or use an upstream that returns token ids"
+)
+FIX_NO_REWARD = "no reward: return a float from the rollout function or call emit_reward(...)"
+
+
+@dataclass(slots=True)
+class RolloutCheck:
+    """What the adapter finds in one rollout's latest attempt, and one line of fix per problem."""
+
+    rollout_id: str
+    status: str
+    attempt_id: str | None = None
+    spans: int = 0
+    calls_found: int = 0
+    calls_selected: int = 0
+    calls_with_token_ids: int = 0
+    """Selected calls carrying prompt and response token ids."""
+    rewards_found: int = 0
+    long_prompts: int = 0
+    long_responses: int = 0
+    agents_seen: list[str] = field(default_factory=list[str])
+    problems: list[str] = field(default_factory=list[str])
+    trainable_calls: int = 0
+    """Selected calls with token ids within the length limits (0 when the rollout has no reward)."""
+
+    @property
+    def trainable(self) -> bool:
+        """True when at least one selected call can become an RL training row."""
+        return self.trainable_calls > 0
+
+
+@dataclass(slots=True)
+class CheckReport:
+    """The result of :func:`check_store`: one :class:`RolloutCheck` per rollout."""
+
+    selection: str
+    """The agent selection, as it reads in a message (``agent 'writer'``)."""
+    rollouts: list[RolloutCheck] = field(default_factory=list[RolloutCheck])
+    missing_rollout_ids: list[str] = field(default_factory=list[str])
+
+    @property
+    def trainable(self) -> bool:
+        """True when any rollout is trainable (``agl check`` exits non-zero otherwise)."""
+        return any(r.trainable for r in self.rollouts)
+
+    @property
+    def problems(self) -> list[str]:
+        """Every fix line, prefixed with its rollout id."""
+        lines = [f"{rid}: not found in the store" for rid in self.missing_rollout_ids]
+        lines.extend(f"{r.rollout_id}: {p}" for r in self.rollouts for p in r.problems)
+        return lines
+
+    def summary(self) -> str:
+        """One line: how many rollouts and calls are trainable."""
+        good = sum(r.trainable for r in self.rollouts)
+        calls = sum(r.trainable_calls for r in self.rollouts)
+        return f"{good} of {len(self.rollouts)} rollouts trainable ({calls} calls) for {self.selection}"
+
+    def render(self, console: Console) -> None:
+        """Print the report as a rich table, then the summary line."""
+        from rich.table import Table
+
+        table = Table(title=f"agl check: {self.selection}", show_lines=True)
+        for column in ("rollout", "status", "calls", "selected", "token ids", "rewards", "too long", "ok", "fix"):
+            table.add_column(column, overflow="fold", no_wrap=column in ("rollout", "status"))
+        for r in self.rollouts:
+            table.add_row(
+                r.rollout_id,
+                r.status,
+                str(r.calls_found),
+                str(r.calls_selected),
+                f"{r.calls_with_token_ids}/{r.calls_selected}",
+                str(r.rewards_found),
+                f"{r.long_prompts}p {r.long_responses}r" if r.long_prompts or r.long_responses else "-",
+                "[green]yes[/]" if r.trainable else "[red]no[/]",
+                "\n".join(r.problems) or "-",
+            )
+        for rid in self.missing_rollout_ids:
+            table.add_row(rid, "missing", "-", "-", "-", "-", "-", "[red]no[/]", "not found in the store")
+        console.print(table)
+        style = "green" if self.trainable else "red"
+        console.print(f"[{style}]{self.summary()}[/]")
+
+
+async def check_store(
+    store: LightningStore,
+    *,
+    agents: AgentSpec = None,
+    rollout_ids: Sequence[str] | None = None,
+    max_prompt_tokens: int | None = None,
+    max_response_tokens: int | None = None,
+    limit: int | None = None,
+) -> CheckReport:
+    """Run the adapter over the store's rollouts (latest attempt each) and report what training would get."""
+    selector = AgentSelector.of(agents)
+    adapter = TraceAdapter(agents=selector, include_messages=False)
+    rollouts = await store.query_rollouts(rollout_ids=rollout_ids, limit=limit)
+    report = CheckReport(selection=selector.describe())
+    if rollout_ids is not None:
+        found = {r.rollout_id for r in rollouts}
+        report.missing_rollout_ids = [rid for rid in rollout_ids if rid not in found]
+    for rollout in rollouts:
+        spans = await store.query_spans(rollout.rollout_id, "latest")
+        check = RolloutCheck(rollout_id=rollout.rollout_id, status=rollout.status, spans=len(spans))
+        report.rollouts.append(check)
+        if not spans:
+            check.problems.append(FIX_NO_SPANS)
+            continue
+        trace = adapter.trace(spans)
+        check.attempt_id = trace.attempt_id
+        check.calls_found = len(trace.calls)
+        check.calls_selected = len(trace.selected)
+        check.rewards_found = len(trace.rewards)
+        check.agents_seen = sorted({c.agent_name for c in trace.calls if c.agent_name is not None})
+        if not trace.calls:
+            check.problems.append(FIX_NO_CALLS)
+        elif not trace.selected:
+            check.problems.append(_no_match_line(selector, check.agents_seen, trace.calls))
+        ok_calls = 0
+        for call in trace.selected:
+            if not call.has_token_ids:
+                continue
+            check.calls_with_token_ids += 1
+            too_long = False
+            if max_prompt_tokens is not None and len(call.prompt_token_ids) > max_prompt_tokens:
+                check.long_prompts += 1
+                too_long = True
+            if max_response_tokens is not None and len(call.response_token_ids) > max_response_tokens:
+                check.long_responses += 1
+                too_long = True
+            ok_calls += not too_long
+        missing_ids = check.calls_selected - check.calls_with_token_ids
+        if missing_ids:
+            check.problems.append(_token_ids_line(missing_ids, check.calls_selected, trace.calls))
+        if check.long_prompts:
+            longest = max(len(c.prompt_token_ids) for c in trace.selected)
+            check.problems.append(
+                f"{check.long_prompts} prompts exceed max_prompt_tokens={max_prompt_tokens} (longest {longest}): "
+                "raise the limit or shorten the agent's context (fewer turns, truncated tool results)"
+            )
+        if check.long_responses:
+            longest = max(len(c.response_token_ids) for c in trace.selected)
+            check.problems.append(
+                f"{check.long_responses} responses exceed max_response_tokens={max_response_tokens} "
+                f"(longest {longest}): raise the limit or lower max_tokens in the LLM resource's sampling"
+            )
+        if not trace.rewards:
+            check.problems.append(_no_reward_line(trace.tree.spans.values()))
+        check.trainable_calls = ok_calls if trace.rewards else 0
+    return report
+
+
+def _no_match_line(selector: AgentSelector, agents_seen: list[str], calls: Sequence[LLMCall]) -> str:
+    seen = ", ".join(agents_seen) if agents_seen else "none"
+    line = f"no calls matched {selector.describe()}; agents seen: {seen}"
+    unnamed = sum(1 for c in calls if c.agent_name is None)
+    if unnamed:
+        line += (
+            f" ({unnamed} calls have no agent name: the integration must set gen_ai.agent.name on LLM or agent spans)"
+        )
+    return line
+
+
+def _token_ids_line(missing: int, selected: int, calls: Sequence[LLMCall]) -> str:
+    head = "no token ids" if missing == selected else f"{missing} of {selected} selected calls have no token ids"
+    line = f"{head}: {FIX_NO_TOKEN_IDS}"
+    proxy_only = sum(1 for c in calls if c.sources == (semconv.SOURCE_PROXY,))
+    unjoinable = sum(1 for c in calls if c.response_id is None and semconv.SOURCE_PROXY not in c.sources)
+    if proxy_only and unjoinable:
+        line += (
+            f" ({unjoinable} hook spans lack gen_ai.response.id, so they cannot be joined with the proxy's "
+            f"{proxy_only} spans and those calls count twice)"
+        )
+    return line
+
+
+def _no_reward_line(spans: Iterable[Span]) -> str:
+    unreadable = sum(1 for s in spans if is_reward_span(s) and read_reward(s)[0] is None)
+    if unreadable:
+        return (
+            f"no readable reward: {unreadable} reward spans have several dimensions and no "
+            "agentlightning.reward.primary; pass primary=... to emit_reward"
+        )
+    return FIX_NO_REWARD
