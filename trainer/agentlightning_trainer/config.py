@@ -8,11 +8,24 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agentlightning_trainer.torch_backend.policy import PolicySpec
-
 Backend = Literal["torch", "verl"]
 AlgorithmName = Literal["grpo", "ppo"]
 LossAggregationName = Literal["token-mean", "rollout-mean"]
+
+
+class PolicySpec(BaseModel):
+    """Everything needed to rebuild the same policy in another process (the policy server)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["tiny_gpt", "hf"] = Field(default="tiny_gpt", description="Built-in tiny GPT or a HF causal LM.")
+    model_name: str = Field(default="tiny-gpt", description="Name the policy server reports and expects.")
+    words: tuple[str, ...] = Field(default=(), description="Whole-word tokens of the tiny GPT's tokenizer.")
+    n_layers: int = Field(default=2, gt=0, description="Tiny GPT transformer blocks.")
+    d_model: int = Field(default=64, gt=0, description="Tiny GPT hidden width.")
+    n_heads: int = Field(default=4, gt=0, description="Tiny GPT attention heads.")
+    max_seq_len: int = Field(default=256, gt=0, description="Tiny GPT longest prompt + response.")
+    hf_model: str | None = Field(default=None, description="HF model id or local path when kind='hf'.")
 
 
 class LightningRLConfig(BaseModel):
@@ -80,7 +93,10 @@ class LightningRLConfig(BaseModel):
                 f"GRPO needs samples_per_task >= 2 to compare samples of a task (got {self.samples_per_task}); "
                 "16 is the measured setting that learns"
             )
-        if self.max_prompt_tokens + self.max_response_tokens > self.policy.max_seq_len and self.policy.kind == "tiny_gpt":
+        if (
+            self.max_prompt_tokens + self.max_response_tokens > self.policy.max_seq_len
+            and self.policy.kind == "tiny_gpt"
+        ):
             raise ValueError(
                 f"max_prompt_tokens {self.max_prompt_tokens} + max_response_tokens {self.max_response_tokens} "
                 f"exceeds the tiny GPT's max_seq_len {self.policy.max_seq_len}; lower one or raise policy.max_seq_len"

@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from agentlightning.types import Transition
 from agentlightning_trainer.config import LightningRLConfig
 from agentlightning_trainer.metrics import MetricsLogger, StepMetrics, group_summary
@@ -45,7 +44,9 @@ class TrainResult:
         return next((m.step for m in self.history if m.reward_ema >= threshold), None)
 
 
-def evaluate_greedy(policy: Policy, tasks: Sequence[Any], messages: MessagesFn, score: ScoreFn, max_tokens: int) -> float:
+def evaluate_greedy(
+    policy: Policy, tasks: Sequence[Any], messages: MessagesFn, score: ScoreFn, max_tokens: int
+) -> float:
     """Mean score of greedy (temperature 0) replies over ``tasks``."""
     prompts = [policy.tokenizer.encode_chat(messages(task)) for task in tasks]
     gens = policy.generate(prompts, temperatures=[0.0] * len(prompts), max_new_tokens=[max_tokens] * len(prompts))
@@ -80,7 +81,7 @@ def train_in_process(
             rng.setstate(_as_rng_state(extra["task_rng"]))
     for step in range(start_step + 1, config.steps + 1):
         t0 = time.perf_counter()
-        chosen = _pick_tasks(rng, train_tasks, config.tasks_per_step)
+        chosen = pick_tasks(rng, train_tasks, config.tasks_per_step)
         batch_tasks = [(g, task) for g, task in enumerate(chosen) for _ in range(config.samples_per_task)]
         prompts = [policy.tokenizer.encode_chat(messages(task)) for _, task in batch_tasks]
         gens = policy.generate(
@@ -117,7 +118,11 @@ def train_in_process(
             )
         rollout_s = time.perf_counter() - t0
         reward_mean, all_same = group_summary(rewards_by_group)
-        ema = reward_mean if step == start_step + 1 and ema == 0.0 else config.ema_decay * ema + (1 - config.ema_decay) * reward_mean
+        ema = (
+            reward_mean
+            if step == start_step + 1 and ema == 0.0
+            else config.ema_decay * ema + (1 - config.ema_decay) * reward_mean
+        )
         t1 = time.perf_counter()
         extra: dict[str, float] = {}
         skipped = not transitions
@@ -156,7 +161,7 @@ def train_in_process(
     return result
 
 
-def _pick_tasks(rng: random.Random, tasks: Sequence[Any], n: int) -> list[Any]:
+def pick_tasks(rng: random.Random, tasks: Sequence[Any], n: int) -> list[Any]:
     """``n`` tasks: whole shuffled passes over the set, so every task is seen equally often."""
     chosen: list[Any] = []
     while len(chosen) < n:
@@ -177,5 +182,3 @@ def _warn(metrics: MetricsLogger | None, message: str) -> None:
         metrics.warn(message)
     else:
         logger.warning(message)
-
-

@@ -27,9 +27,7 @@ class TorchLearner:
         """Create AdamW over the policy (and a frozen reference copy when kl_coef > 0)."""
         self.policy = policy
         self.config = config
-        self.optimizer = torch.optim.AdamW(
-            policy.module.parameters(), lr=config.lr, weight_decay=config.weight_decay
-        )
+        self.optimizer = torch.optim.AdamW(policy.module.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.reference = copy.deepcopy(policy.module).eval() if config.kl_coef > 0 else None
         if self.reference is not None:
             self.reference.requires_grad_(False)
@@ -87,7 +85,9 @@ class TorchLearner:
         stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_frac": [], "grad_norm": []}
         size = cfg.mini_batch_size or len(batch)
         for _ in range(cfg.epochs):
-            order = torch.randperm(len(batch), generator=self.sampler) if size < len(batch) else torch.arange(len(batch))
+            order = (
+                torch.randperm(len(batch), generator=self.sampler) if size < len(batch) else torch.arange(len(batch))
+            )
             for start in range(0, len(batch), size):
                 idx = order[start : start + size]
                 self._step(

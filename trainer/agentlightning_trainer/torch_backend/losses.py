@@ -7,7 +7,9 @@ import torch
 from agentlightning_trainer.config import LossAggregationName
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, rollout_index: torch.Tensor, mode: LossAggregationName) -> torch.Tensor:
+def aggregate(
+    values: torch.Tensor, mask: torch.Tensor, rollout_index: torch.Tensor, mode: LossAggregationName
+) -> torch.Tensor:
     """Reduce per-token ``values`` ``[B, R]`` to a scalar: mean over tokens, or mean per rollout then over rollouts."""
     if mode == "token-mean":
         return (values * mask).sum() / mask.sum().clamp(min=1.0)

@@ -78,7 +78,7 @@ class TinyGPT(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, past: list[Any] | None
     ) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
         """Like forward, with a key/value cache: ``attention_mask`` covers cached + new tokens; returns the cache."""
-        b, t = input_ids.shape
+        t = input_ids.shape[1]
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         total = attention_mask.shape[1]

@@ -7,29 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from agentlightning_trainer.config import PolicySpec
 from agentlightning_trainer.torch_backend.model import TinyGPT, TinyGPTConfig
 from agentlightning_trainer.torch_backend.tokenizer import WordCharTokenizer
-
-
-class PolicySpec(BaseModel):
-    """Everything needed to rebuild the same policy in another process (the policy server)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    kind: Literal["tiny_gpt", "hf"] = Field(default="tiny_gpt", description="Built-in tiny GPT or a HF causal LM.")
-    model_name: str = Field(default="tiny-gpt", description="Name the policy server reports and expects.")
-    words: tuple[str, ...] = Field(default=(), description="Whole-word tokens of the tiny GPT's tokenizer.")
-    n_layers: int = Field(default=2, gt=0, description="Tiny GPT transformer blocks.")
-    d_model: int = Field(default=64, gt=0, description="Tiny GPT hidden width.")
-    n_heads: int = Field(default=4, gt=0, description="Tiny GPT attention heads.")
-    max_seq_len: int = Field(default=256, gt=0, description="Tiny GPT longest prompt + response.")
-    hf_model: str | None = Field(default=None, description="HF model id or local path when kind='hf'.")
 
 
 class ChatTokenizer(Protocol):

@@ -1,0 +1,384 @@
+"""The policy server: serves the current weights over the OpenAI chat completions API, in its own process.
+
+It answers like vLLM >= 0.10.2 (see docs/architecture.md, "Token ids on the wire"): with ``return_token_ids`` the
+response carries ``prompt_token_ids`` and ``choices[i].token_ids``; with ``logprobs`` OpenAI-shaped logprobs; every
+response has the header ``x-agentlightning-policy-version``. Concurrent requests are batched into one generate call.
+The trainer publishes new weights with ``POST /admin/weights`` (a state-dict file and its version); the swap happens
+between batches, so no response mixes two versions. Bind it to loopback only: the admin endpoint loads files.
+
+Run: ``python -m agentlightning_trainer.policy_server --spec spec.json --weights w.pt --port 8000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field
+
+from agentlightning.semconv import HEADER_POLICY_VERSION
+from agentlightning_trainer.torch_backend.policy import Policy, PolicySpec
+
+logger = logging.getLogger(__name__)
+
+
+class WeightsUpdate(BaseModel):
+    """Body of ``POST /admin/weights``."""
+
+    path: str = Field(description="A torch state-dict file written by the trainer.")
+    version: int = Field(ge=0, description="The policy version these weights are.")
+
+
+@dataclass
+class _Pending:
+    prompt: list[int]
+    temperature: float
+    max_tokens: int
+    future: asyncio.Future[Any] = field(repr=False)
+
+
+class _Batcher:
+    """Collects concurrent requests and runs them as one batched generate in a worker thread."""
+
+    def __init__(self, policy: Policy, version: int, *, max_batch: int, wait_s: float, seed: int) -> None:
+        self.policy = policy
+        self.version = version
+        self.max_batch = max_batch
+        self.wait_s = wait_s
+        self.generator = torch.Generator().manual_seed(seed)
+        self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self.lock = asyncio.Lock()  # held by a generate or a weight swap, never both
+        self.task: asyncio.Task[None] | None = None
+        self.batches = 0
+
+    async def submit(self, prompt: list[int], temperature: float, max_tokens: int) -> tuple[Any, int]:
+        """Queue one completion and wait for it; returns the generation and the policy version that made it."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        await self.queue.put(_Pending(prompt, temperature, max_tokens, future))
+        return await future
+
+    async def run(self) -> None:
+        """Serve batches until cancelled."""
+        while True:
+            batch = [await self.queue.get()]
+            await asyncio.sleep(self.wait_s)  # let concurrent requests join this batch
+            while len(batch) < self.max_batch and not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            async with self.lock:
+                version = self.version
+                try:
+                    gens = await asyncio.to_thread(
+                        self.policy.generate,
+                        [p.prompt for p in batch],
+                        temperatures=[p.temperature for p in batch],
+                        max_new_tokens=[p.max_tokens for p in batch],
+                        generator=self.generator,
+                    )
+                except Exception as exc:  # one bad batch must not kill the server; every caller gets the error
+                    for p in batch:
+                        if not p.future.done():
+                            p.future.set_exception(exc)
+                    continue
+            self.batches += 1
+            for p, gen in zip(batch, gens, strict=True):
+                if not p.future.done():
+                    p.future.set_result((gen, version))
+
+    async def load_weights(self, path: str, version: int) -> None:
+        """Swap in new weights between batches."""
+        state = await asyncio.to_thread(torch.load, path, weights_only=True)
+        async with self.lock:
+            self.policy.module.load_state_dict(state)
+            self.version = version
+
+
+def _error(status: int, message: str, code: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}, status
+    )
+
+
+def create_policy_app(
+    policy: Policy, *, version: int = 0, max_batch: int = 512, batch_wait_s: float = 0.005, seed: int = 0
+) -> FastAPI:
+    """The policy server as an ASGI app (run it with uvicorn; :class:`PolicyServerProcess` does that)."""
+    batcher = _Batcher(policy, version, max_batch=max_batch, wait_s=batch_wait_s, seed=seed)
+    model_name = policy.spec.model_name
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        batcher.task = asyncio.create_task(batcher.run())
+        try:
+            yield
+        finally:
+            batcher.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await batcher.task
+
+    app = FastAPI(title="Agent Lightning policy server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.batcher = batcher
+
+    def headers() -> dict[str, str]:
+        return {HEADER_POLICY_VERSION: str(batcher.version)}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse(
+            {"status": "ok", "model": model_name, "policy_version": batcher.version, "batches": batcher.batches},
+            headers=headers(),
+        )
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        data = [{"id": model_name, "object": "model", "owned_by": "agentlightning", "policy_version": batcher.version}]
+        return JSONResponse({"object": "list", "data": data}, headers=headers())
+
+    @app.post("/admin/weights")
+    async def weights(update: WeightsUpdate) -> JSONResponse:
+        try:
+            await batcher.load_weights(update.path, update.version)
+        except FileNotFoundError:
+            return _error(400, f"weights file {update.path} does not exist on the policy server", "no_weights")
+        return JSONResponse({"policy_version": batcher.version}, headers=headers())
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "request body is not JSON", "invalid_json")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+            return _error(400, "chat completions need a non-empty 'messages' list", "invalid_messages")
+        if body.get("tools"):
+            return _error(400, "the policy server serves plain text; tool definitions are not supported", "no_tools")
+        try:
+            prompt = policy.tokenizer.encode_chat(body["messages"])
+        except ValueError as exc:
+            return _error(400, str(exc), "invalid_messages")
+        temperature = float(body.get("temperature") if body.get("temperature") is not None else 1.0)
+        max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        n = int(body.get("n") or 1)
+        if len(prompt) + 1 > policy.max_seq_len:
+            return _error(
+                400,
+                f"prompt of {len(prompt)} tokens does not fit the model's context of {policy.max_seq_len}",
+                "context_length_exceeded",
+            )
+        results = await asyncio.gather(*(batcher.submit(prompt, temperature, max_tokens) for _ in range(n)))
+        version = results[0][1]
+        want_ids = bool(body.get("return_token_ids"))
+        want_logprobs = bool(body.get("logprobs"))
+        choices: list[dict[str, Any]] = []
+        for index, (gen, _) in enumerate(results):
+            choice: dict[str, Any] = {
+                "index": index,
+                "message": {"role": "assistant", "content": policy.tokenizer.decode(gen.token_ids)},
+                "finish_reason": gen.finish_reason,
+                "logprobs": None,
+            }
+            if want_logprobs:
+                choice["logprobs"] = {
+                    "content": [
+                        {
+                            "token": policy.tokenizer.decode([t], skip_special=False),
+                            "logprob": lp,
+                            "bytes": None,
+                            "top_logprobs": [],
+                        }
+                        for t, lp in zip(gen.token_ids, gen.logprobs, strict=True)
+                    ]
+                }
+            if want_ids:
+                choice["token_ids"] = gen.token_ids
+            choices.append(choice)
+        completion: dict[str, Any] = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": sum(len(g.token_ids) for g, _ in results),
+                "total_tokens": len(prompt) + sum(len(g.token_ids) for g, _ in results),
+            },
+        }
+        if want_ids:
+            completion["prompt_token_ids"] = prompt
+        out_headers = {HEADER_POLICY_VERSION: str(version)}
+        if body.get("stream"):
+            return StreamingResponse(_as_stream(completion), media_type="text/event-stream", headers=out_headers)
+        return JSONResponse(completion, headers=out_headers)
+
+    return app
+
+
+async def _as_stream(completion: dict[str, Any]) -> AsyncIterator[bytes]:
+    """A finished completion as chat-completion chunks: prompt ids first, one content chunk per choice, [DONE]."""
+    base = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    first: dict[str, Any] = base | {
+        "choices": [
+            {"index": c["index"], "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            for c in completion["choices"]
+        ]
+    }
+    if "prompt_token_ids" in completion:
+        first["prompt_token_ids"] = completion["prompt_token_ids"]
+    yield f"data: {json.dumps(first)}\n\n".encode()
+    for c in completion["choices"]:
+        choice: dict[str, Any] = {
+            "index": c["index"],
+            "delta": {"content": c["message"]["content"]},
+            "finish_reason": c["finish_reason"],
+            "logprobs": c["logprobs"],
+        }
+        if "token_ids" in c:
+            choice["token_ids"] = c["token_ids"]
+        yield f"data: {json.dumps(base | {'choices': [choice]})}\n\n".encode()
+    yield f"data: {json.dumps(base | {'choices': [], 'usage': completion['usage']})}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PolicyServerProcess:
+    """Runs the policy server in a child process and publishes weights to it."""
+
+    def __init__(
+        self,
+        spec: PolicySpec,
+        weights: Path,
+        *,
+        version: int = 0,
+        port: int | None = None,
+        seed: int = 0,
+        threads: int = 1,
+        startup_timeout_s: float = 120.0,
+        log_file: Path | None = None,
+    ) -> None:
+        """Remember how to start the server; :meth:`start` (or ``with``) launches it."""
+        self.spec = spec
+        self.weights = weights
+        self.version = version
+        self.port = port or free_port()
+        self.seed = seed
+        self.threads = threads
+        self.startup_timeout_s = startup_timeout_s
+        self.log_file = log_file
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def root_url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL (``.../v1``)."""
+        return self.root_url + "/v1"
+
+    def start(self) -> PolicyServerProcess:
+        """Launch the child process and wait until ``/health`` answers."""
+        spec_file = self.weights.with_name("policy_spec.json")
+        spec_file.write_text(self.spec.model_dump_json())
+        cmd = [
+            sys.executable, "-m", "agentlightning_trainer.policy_server",
+            "--spec", str(spec_file), "--weights", str(self.weights), "--version", str(self.version),
+            "--port", str(self.port), "--seed", str(self.seed), "--threads", str(self.threads),
+        ]  # fmt: skip
+        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115 - child owns it
+        self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                where = f"; see {self.log_file}" if self.log_file else ""
+                raise RuntimeError(f"the policy server exited with code {self._proc.returncode} at startup{where}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.root_url + "/health", timeout=2.0).status_code == 200:
+                    return self
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the policy server did not answer on {self.root_url} within {self.startup_timeout_s} s")
+
+    async def publish(self, weights: Path, version: int) -> int:
+        """Tell the server to load ``weights`` as ``version``; returns the version it now serves."""
+        async with httpx.AsyncClient(timeout=120.0) as client:
+            response = await client.post(
+                self.root_url + "/admin/weights", json={"path": str(weights), "version": version}
+            )
+        if response.status_code != 200:
+            raise RuntimeError(f"the policy server refused weights {weights}: {response.text}")
+        self.version = int(response.json()["policy_version"])
+        return self.version
+
+    def stop(self) -> None:
+        """Terminate the child process (idempotent)."""
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+
+    def __enter__(self) -> PolicyServerProcess:
+        """Start the server."""
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Stop the server."""
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point of the policy server process."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="Serve a policy over the OpenAI chat completions API.")
+    parser.add_argument("--spec", required=True, help="PolicySpec JSON file")
+    parser.add_argument("--weights", help="state-dict file to load at startup")
+    parser.add_argument("--version", type=int, default=0)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    spec = PolicySpec.model_validate_json(Path(args.spec).read_text())
+    policy = Policy.build(spec, seed=args.seed)
+    if args.weights:
+        policy.module.load_state_dict(torch.load(args.weights, weights_only=True))
+    policy.module.eval()
+    app = create_policy_app(policy, version=args.version, seed=args.seed)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

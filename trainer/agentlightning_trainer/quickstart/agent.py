@@ -1,0 +1,28 @@
+"""The example agent: an ordinary OpenAI-SDK tool picker. Only its base URL points at Agent Lightning."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from openai import OpenAI
+
+from agentlightning.agent import rollout
+from agentlightning.types import LLM
+from agentlightning_trainer import tool_choice
+
+# One connection pool for every rollout; each rollout only changes the base URL (its own proxy route).
+_CLIENT = OpenAI(base_url="http://127.0.0.1:1/v1", api_key="agent-lightning", http_client=httpx.Client(timeout=120))
+
+
+@rollout
+def tool_choice_agent(task: dict[str, Any], llm: LLM) -> float:
+    """Ask the model which tool serves the request; reward 1 when it names the right one first."""
+    client = _CLIENT.with_options(base_url=llm.base_url)
+    reply = client.chat.completions.create(
+        model=llm.model,
+        messages=tool_choice.messages(task),  # type: ignore[arg-type]  # plain dicts in the OpenAI chat shape
+        temperature=llm.sampling.get("temperature", 1.0),
+        max_tokens=llm.sampling.get("max_tokens", 8),
+    )
+    return tool_choice.score(task, reply.choices[0].message.content or "")
