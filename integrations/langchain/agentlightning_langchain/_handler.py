@@ -23,8 +23,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 from opentelemetry.util.types import AttributeValue
 
-from agentlightning import semconv
-from agentlightning.tracing import current_rollout, get_tracer
+from agentlightning import semconv, tracing
+from agentlightning.tracing import current_rollout
 from agentlightning_langchain._messages import (
     input_messages_json,
     prompt_messages_json,
@@ -45,9 +45,12 @@ class _Run:
     run_id: UUID
     span: Span
     agent: str | None
-    # Tracer and rollout attributes of the whole run tree, fixed when its root started (see module docstring).
+    # Tracer, rollout attributes and fallback agent name of the whole run tree, fixed when its root started (see
+    # the module docstring). The fallback (the root run's name) names the agent of LLM calls made outside any
+    # LangGraph node or named agent, e.g. a bare ``prompt | model`` chain.
     tracer: Tracer
     stamp: Mapping[str, AttributeValue]
+    fallback_agent: str
 
 
 def _is_control_flow(error: BaseException) -> bool:
@@ -265,14 +268,21 @@ class LightningCallbackHandler(BaseCallbackHandler):
         kind: SpanKind,
         attributes: dict[str, AttributeValue],
         agent: str | None,
+        label: str,
+        *,
+        needs_agent: bool = False,
     ) -> _Run:
-        """Start a span under the span of ``parent_run_id`` (or as a new trace) and remember it under ``run_id``."""
+        """Start a span under the span of ``parent_run_id`` (or as a new trace) and remember it under ``run_id``.
+
+        ``label`` is the run's own name (the tree's fallback agent name if this is the root); ``needs_agent``
+        makes sure the span gets an agent name (LLM spans always carry one).
+        """
         with self._lock:
             parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
         if parent is None:
             # The outermost run we see: capture tracer and rollout now, in the caller's context (children may run
             # on worker threads where the rollout context is not set).
-            tracer = self._tracer or get_tracer(_TRACER_NAME)
+            tracer = self._tracer or tracing.get_tracer(_TRACER_NAME)
             rollout = current_rollout()
             stamp: Mapping[str, AttributeValue] = (
                 {semconv.ROLLOUT_ID: rollout.rollout_id, semconv.ATTEMPT_ID: rollout.attempt_id}
@@ -280,17 +290,20 @@ class LightningCallbackHandler(BaseCallbackHandler):
                 else {}
             )
             context = Context()
+            fallback = self._agent_names.get(label, label)
         else:
-            tracer, stamp = parent.tracer, parent.stamp
+            tracer, stamp, fallback = parent.tracer, parent.stamp, parent.fallback_agent
             context = trace.set_span_in_context(parent.span, Context())
             if agent is None:
                 agent = parent.agent
+        if agent is None and needs_agent:
+            agent = fallback
         attributes.update(stamp)
         attributes[semconv.SPAN_SOURCE] = semconv.SOURCE_HOOK
         if agent is not None:
             attributes[semconv.GEN_AI_AGENT_NAME] = agent
         span = tracer.start_span(name, context=context, kind=kind, attributes=attributes)
-        run = _Run(run_id, span, agent, tracer, stamp)
+        run = _Run(run_id, span, agent, tracer, stamp, fallback)
         with self._lock:
             self._runs[run_id] = run
         return run
@@ -320,7 +333,7 @@ class LightningCallbackHandler(BaseCallbackHandler):
             # The outermost run without an agent name (e.g. the graph itself): it roots the trace so that every
             # node of one invocation shares one trace.
             span_name = str(name)
-        self._open(run_id, parent_run_id, span_name, SpanKind.INTERNAL, attributes, agent)
+        self._open(run_id, parent_run_id, span_name, SpanKind.INTERNAL, attributes, agent, str(name))
 
     def _start_llm(
         self,
@@ -352,15 +365,16 @@ class LightningCallbackHandler(BaseCallbackHandler):
         tools = params.get("tools")
         if tools:
             attributes[semconv.GEN_AI_TOOL_DEFINITIONS] = to_json(tools)
-        if not isinstance(model, str):
-            model = (serialized or {}).get("name") or extra.get("name") or "llm"
+        label = str(extra.get("name") or (serialized or {}).get("name") or "llm")
         self._open(
             run_id,
             parent_run_id,
-            f"{semconv.OP_CHAT} {model}",
+            f"{semconv.OP_CHAT} {model if isinstance(model, str) else label}",
             SpanKind.CLIENT,
             attributes,
             self._agent_name(meta),
+            label,
+            needs_agent=True,
         )
 
     def _start_tool(
@@ -389,6 +403,7 @@ class LightningCallbackHandler(BaseCallbackHandler):
             SpanKind.INTERNAL,
             attributes,
             self._agent_name(metadata),
+            str(name),
         )
 
     def _end(self, run_id: UUID, error: BaseException | None) -> None:

@@ -19,6 +19,8 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
+from agentlightning.types.spans import Span
+
 
 class ScriptedChatModel(GenericFakeChatModel):
     """``GenericFakeChatModel`` that binds tools and streams tool calls, usage and finish reason, as real models do.
@@ -168,6 +170,35 @@ def team_models(tag: str = "") -> tuple[ScriptedChatModel, ScriptedChatModel, Sc
     )
 
 
-def team_input(question: str = "What is 2 + 3?") -> dict[str, Any]:
+def team_input(question: str = "What is 2 + 3?") -> MessagesState:
     """The input state of the team graph."""
     return {"messages": [HumanMessage(question)]}
+
+
+# The span tree of one team run (researcher renamed to research_agent by the handler's agent_names).
+TEAM_TREE = [
+    "team",
+    "  invoke_agent planner",
+    "    chat ScriptedChatModel",
+    "  invoke_agent research_agent",
+    "    chat ScriptedChatModel",
+    "    execute_tool add",
+    "  invoke_agent writer",
+    "    chat ScriptedChatModel",
+]
+
+
+def tree(spans: list[Span]) -> list[str]:
+    """The span tree as indented names, children in start order."""
+    children: dict[str | None, list[Span]] = {}
+    for span in sorted(spans, key=lambda s: s.start_time):
+        children.setdefault(span.parent_id, []).append(span)
+    lines: list[str] = []
+
+    def walk(parent: str | None, depth: int) -> None:
+        for span in children.get(parent, []):
+            lines.append("  " * depth + span.name)
+            walk(span.span_id, depth + 1)
+
+    walk(None, 0)
+    return lines

@@ -10,7 +10,8 @@ from langchain_core.callbacks import CallbackManager
 from opentelemetry.trace import NoOpTracer, Span
 
 import agentlightning_langchain
-from agentlightning_langchain import LightningCallbackHandler, _handler as handler_module
+from agentlightning import tracing
+from agentlightning_langchain import LightningCallbackHandler
 from tests.integrations.conformance import IntegrationConformance, IntegrationHarness
 from tests.integrations.langchain.fakes import (
     ToolFailure,
@@ -58,13 +59,13 @@ class LangChainHarness(IntegrationHarness):
 
     @contextlib.contextmanager
     def broken_hook(self) -> Iterator[None]:
-        """Every span start inside the handler raises."""
-        original = handler_module.get_tracer
-        handler_module.get_tracer = lambda name="agentlightning": _BrokenTracer()
+        """Every span start inside the handler raises (it resolves the process tracer per run tree)."""
+        original = tracing.get_tracer
+        tracing.get_tracer = lambda name="agentlightning": _BrokenTracer()
         try:
             yield
         finally:
-            handler_module.get_tracer = original
+            tracing.get_tracer = original
 
 
 class TestLangChainConformance(IntegrationConformance):
