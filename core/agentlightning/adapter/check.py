@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 from agentlightning import semconv
 from agentlightning.adapter.calls import LLMCall
-from agentlightning.adapter.credit import is_reward_span, read_reward
 from agentlightning.adapter.selection import AgentSelector, AgentSpec
 from agentlightning.adapter.trace import TraceAdapter
+from agentlightning.emit import find_rewards
 from agentlightning.store.base import LightningStore
 from agentlightning.types import Span
 
@@ -80,7 +80,8 @@ class CheckReport:
         """One line: how many rollouts and calls are trainable."""
         good = sum(r.trainable for r in self.rollouts)
         calls = sum(r.trainable_calls for r in self.rollouts)
-        return f"{good} of {len(self.rollouts)} rollouts trainable ({calls} calls) for {self.selection}"
+        total = _count(len(self.rollouts), "rollout")
+        return f"{good} of {total} trainable ({_count(calls, 'call')}) for {self.selection}"
 
     def render(self, console: Console) -> None:
         """Print the report as a rich table, then the summary line."""
@@ -161,13 +162,13 @@ async def check_store(
         if check.long_prompts:
             longest = max(len(c.prompt_token_ids) for c in trace.selected)
             check.problems.append(
-                f"{check.long_prompts} prompts exceed max_prompt_tokens={max_prompt_tokens} (longest {longest}): "
-                "raise the limit or shorten the agent's context (fewer turns, truncated tool results)"
+                f"{_count(check.long_prompts, 'prompt')} over max_prompt_tokens={max_prompt_tokens} "
+                f"(longest {longest}): raise the limit or shorten the agent's context (fewer turns, truncated tool results)"
             )
         if check.long_responses:
             longest = max(len(c.response_token_ids) for c in trace.selected)
             check.problems.append(
-                f"{check.long_responses} responses exceed max_response_tokens={max_response_tokens} "
+                f"{_count(check.long_responses, 'response')} over max_response_tokens={max_response_tokens} "
                 f"(longest {longest}): raise the limit or lower max_tokens in the LLM resource's sampling"
             )
         if not trace.rewards:
@@ -182,29 +183,34 @@ def _no_match_line(selector: AgentSelector, agents_seen: list[str], calls: Seque
     unnamed = sum(1 for c in calls if c.agent_name is None)
     if unnamed:
         line += (
-            f" ({unnamed} calls have no agent name: the integration must set gen_ai.agent.name on LLM or agent spans)"
+            f" ({_count(unnamed, 'call')} without an agent name: the integration must set gen_ai.agent.name on LLM or "
+            "agent spans)"
         )
     return line
 
 
 def _token_ids_line(missing: int, selected: int, calls: Sequence[LLMCall]) -> str:
-    head = "no token ids" if missing == selected else f"{missing} of {selected} selected calls have no token ids"
+    head = "no token ids" if missing == selected else f"{missing} of {_count(selected, 'selected call')} lack token ids"
     line = f"{head}: {FIX_NO_TOKEN_IDS}"
     proxy_only = sum(1 for c in calls if c.sources == (semconv.SOURCE_PROXY,))
     unjoinable = sum(1 for c in calls if c.response_id is None and semconv.SOURCE_PROXY not in c.sources)
     if proxy_only and unjoinable:
         line += (
-            f" ({unjoinable} hook spans lack gen_ai.response.id, so they cannot be joined with the proxy's "
-            f"{proxy_only} spans and those calls count twice)"
+            f" ({_count(unjoinable, 'hook span')} without gen_ai.response.id cannot be joined with the proxy's "
+            f"{_count(proxy_only, 'span')}, so those calls count twice)"
         )
     return line
 
 
 def _no_reward_line(spans: Iterable[Span]) -> str:
-    unreadable = sum(1 for s in spans if is_reward_span(s) and read_reward(s)[0] is None)
+    unreadable = sum(1 for reward in find_rewards(spans) if reward.value is None)
     if unreadable:
         return (
-            f"no readable reward: {unreadable} reward spans have several dimensions and no "
+            f"no readable reward: {_count(unreadable, 'reward span')} with several dimensions and no "
             "agentlightning.reward.primary; pass primary=... to emit_reward"
         )
     return FIX_NO_REWARD
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -20,15 +20,11 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeAlias
+from typing import TypeAlias, cast
 
-from agentlightning import semconv
 from agentlightning.adapter.calls import EventOrder, LLMCall, call_order_key
+from agentlightning.emit import Reward, find_rewards
 from agentlightning.types import Span
-
-_REWARD_PREFIX = semconv.REWARD_PREFIX
-_REWARD_PRIMARY = semconv.REWARD_PRIMARY
-_SPAN_REWARD = semconv.SPAN_REWARD
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,25 +156,6 @@ def assign_credit(
     return [float(value) for value in result]
 
 
-def read_reward(span: Span) -> tuple[float | None, dict[str, float]]:
-    """(primary value, every dimension) of a reward span; the primary is None when it cannot be told apart."""
-    dimensions: dict[str, float] = {}
-    for key, value in span.attributes.items():
-        if key.startswith(_REWARD_PREFIX) and key != _REWARD_PRIMARY and isinstance(value, int | float):
-            dimensions[key[len(_REWARD_PREFIX) :]] = float(value)
-    primary = span.attributes.get(_REWARD_PRIMARY)
-    if isinstance(primary, str) and primary in dimensions:
-        return dimensions[primary], dimensions
-    if len(dimensions) == 1:
-        return next(iter(dimensions.values())), dimensions
-    return None, dimensions
-
-
-def is_reward_span(span: Span) -> bool:
-    """True for a span that records a reward (named ``agentlightning.reward``)."""
-    return span.name == _SPAN_REWARD
-
-
 def find_reward_events(
     spans: Sequence[Span] | Mapping[str, Span],
     calls: Sequence[LLMCall],
@@ -192,21 +169,24 @@ def find_reward_events(
     attempt has no reward span.
     """
     values = spans.values() if isinstance(spans, Mapping) else spans
-    found: list[tuple[tuple[int, int, int], Span, float, dict[str, float]]] = []
-    for span in values:
-        if span.name != _SPAN_REWARD:
+    found: list[tuple[tuple[int, int, int], Reward]] = []
+    sequence_first = order == "sequence"
+    for reward in find_rewards(values):
+        if reward.value is None:  # several dimensions and no primary: `agl check` reports it
             continue
-        value, dimensions = read_reward(span)
-        if value is None:
-            continue
-        sequence_first = order == "sequence"
+        span = reward.span
         key = (span.sequence_id, span.start_time, 1) if sequence_first else (span.start_time, 1, span.sequence_id)
-        found.append((key, span, value, dimensions))
+        found.append((key, reward))
     found.sort(key=lambda item: item[0])
     call_keys = [call_order_key(call, order) for call in calls]
     events = [
-        RewardEvent(value=value, after_calls=bisect_left(call_keys, key), span_id=span.span_id, dimensions=dims)
-        for key, span, value, dims in found
+        RewardEvent(
+            value=cast(float, reward.value),
+            after_calls=bisect_left(call_keys, key),
+            span_id=reward.span.span_id,
+            dimensions=reward.dimensions,
+        )
+        for key, reward in found
     ]
     if final_reward is not None:
         if events:
