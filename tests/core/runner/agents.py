@@ -1,0 +1,64 @@
+"""Agents the runner tests run, in process and in `agl runner` subprocesses (``tests.core.runner.agents:NAME``)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from agentlightning.agent import LitAgent, rollout
+from agentlightning.emit import emit_message
+from agentlightning.types import Attempt
+
+# Spans a `counting` rollout records: two messages plus the reward span of its return value.
+COUNTING_SPANS = 3
+
+
+@rollout
+async def counting(task: dict[str, Any]) -> float:
+    """Emit two messages and return the task's reward."""
+    emit_message(f"start {task['i']}")
+    await asyncio.sleep(0)
+    emit_message(f"end {task['i']}")
+    return float(task["i"] % 7)
+
+
+@rollout
+def counting_sync(task: dict[str, Any]) -> float:
+    """The sync twin of :func:`counting` (runs on a thread)."""
+    emit_message(f"start {task['i']}")
+    emit_message(f"end {task['i']}")
+    return float(task["i"] % 7)
+
+
+@rollout
+def hang_first_attempt(task: Any, attempt: Attempt) -> float:
+    """Hang (as if stuck) on the first attempt; succeed on a retry."""
+    emit_message(f"attempt {attempt.sequence_id}")
+    if attempt.sequence_id == 1:
+        time.sleep(3600)
+    return 1.0
+
+
+class Misbehaving(LitAgent):
+    """Does what the task says: raise, hang, return garbage, or succeed."""
+
+    async def rollout(self, task: dict[str, Any], /) -> Any:  # pyright: ignore[reportIncompatibleMethodOverride]
+        """Act out ``task["do"]``."""
+        action = task["do"]
+        if action == "raise":
+            raise KeyError("no such tool: calculator")
+        if action == "hang":
+            await asyncio.sleep(3600)
+        if action == "string":
+            return "42"
+        if action == "nan":
+            return float("nan")
+        return {"accuracy": 1.0, "brevity": 0.5, "primary": "brevity"}
+
+
+@rollout
+def sleepy_sync(task: dict[str, Any]) -> float:
+    """A sync agent that sleeps ``task["sleep"]`` seconds (past its timeout, in the tests)."""
+    time.sleep(task["sleep"])
+    return 1.0

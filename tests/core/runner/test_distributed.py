@@ -1,0 +1,94 @@
+"""Runner processes (`agl runner`) against one store over HTTP: sharing the queue, and surviving a kill -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentlightning.client import LightningStoreClient
+from agentlightning.runner import Runner
+from agentlightning.server import StoreServer
+from agentlightning.store import InMemoryLightningStore, Watchdog
+from agentlightning.store.sqlite import SqliteLightningStore
+from agentlightning.types import RolloutRequest
+from tests.core.runner.agents import hang_first_attempt
+from tests.core.runner.test_runner import assert_each_finished_once
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def spawn_runner(url: str, agent: str, worker_id: str, workers: int = 4) -> subprocess.Popen[bytes]:
+    """`agl runner` in a fresh interpreter, importing the test agents from the repository root."""
+    command = [sys.executable, "-m", "agentlightning.cli", "runner", "--store", url]
+    command += ["--agent", f"tests.core.runner.agents:{agent}", "--workers", str(workers)]
+    command += ["--heartbeat-interval", "0.2", "--worker-id", worker_id, "--quiet"]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:  # only the runners this test started
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=10)  # reaps it and closes its pipe
+
+
+async def test_200_rollouts_across_2_runner_processes_over_http(
+    tmp_path: Path, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    with StoreServer(lambda: SqliteLightningStore(tmp_path / "store.db", synchronous="NORMAL")) as server:
+        client = LightningStoreClient(server.url)
+        try:
+            rollouts = await client.enqueue_rollouts([RolloutRequest(input={"i": i}) for i in range(200)])
+            processes += [spawn_runner(server.url, "counting", f"proc{p}", workers=8) for p in range(2)]
+            done = await client.wait_for_rollouts([r.rollout_id for r in rollouts], timeout_s=60)
+            assert len(done) == 200
+            for process in processes:
+                process.send_signal(signal.SIGTERM)
+            for process in processes:
+                out, _ = process.communicate(timeout=20)
+                assert process.returncode == 0, out.decode()
+            await assert_each_finished_once(client, 200)
+            attempts = [a for r in rollouts for a in await client.query_attempts(r.rollout_id)]
+            assert {(a.worker_id or "").split("-")[0] for a in attempts} == {"proc0", "proc1"}
+        finally:
+            await client.close()
+
+
+async def test_killed_runner_attempt_times_out_and_another_runner_finishes_it(
+    processes: list[subprocess.Popen[bytes]],
+) -> None:
+    with StoreServer(InMemoryLightningStore()) as server:
+        client = LightningStoreClient(server.url)
+        try:
+            rollout = await client.enqueue_rollout({"task": "x"}, heartbeat_timeout_s=1.0, max_attempts=2)
+            victim = spawn_runner(server.url, "hang_first_attempt", "victim", workers=1)
+            processes.append(victim)
+            deadline = time.monotonic() + 30
+            while not await client.query_spans(rollout.rollout_id, "latest"):  # it is inside the agent
+                assert time.monotonic() < deadline, "the runner process never started the attempt"
+                assert victim.poll() is None, victim.communicate()[0].decode()
+                time.sleep(0.05)
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.communicate(timeout=10)
+
+            async with Watchdog(client, interval_s=0.2):
+                rescuer = Runner(hang_first_attempt, client, worker_id="rescuer", poll_interval_s=0.2)
+                stats = await rescuer.run(max_rollouts=1)
+            assert stats.succeeded == 1
+            final = await client.get_rollout(rollout.rollout_id)
+            assert final.status == "succeeded"
+            attempts = await client.query_attempts(rollout.rollout_id)
+            assert [a.status for a in attempts] == ["unresponsive", "succeeded"]
+            assert attempts[0].worker_id == "victim-w0" and attempts[1].worker_id == "rescuer-w0"
+        finally:
+            await client.close()

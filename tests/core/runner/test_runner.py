@@ -1,0 +1,153 @@
+"""The runner against real stores: many workers, every failure mode, resources, stop."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentlightning.emit import final_reward
+from agentlightning.runner import Runner
+from agentlightning.store import InMemoryLightningStore
+from agentlightning.store.base import LightningStore
+from agentlightning.store.sqlite import SqliteLightningStore
+from agentlightning.types import LLM, Attempt, PromptTemplate, Rollout, RolloutConfig, RolloutRequest
+from tests.core.runner.agents import COUNTING_SPANS, Misbehaving, counting, counting_sync, sleepy_sync
+
+
+async def assert_each_finished_once(store: LightningStore, expected: int) -> None:
+    """Every rollout succeeded with exactly one attempt, all its spans stored, and its reward present."""
+    rollouts = await store.query_rollouts()
+    assert len(rollouts) == expected
+    assert {r.status for r in rollouts} == {"succeeded"}
+    for rollout in rollouts:
+        attempts = await store.query_attempts(rollout.rollout_id)
+        assert [a.status for a in attempts] == ["succeeded"], rollout.rollout_id
+        spans = await store.query_spans(rollout.rollout_id, "latest")
+        assert len(spans) == COUNTING_SPANS
+        assert {s.attempt_id for s in spans} == {attempts[0].attempt_id}
+        assert final_reward(spans) == float(rollout.input["i"] % 7)
+
+
+async def enqueue_counting(store: LightningStore, n: int) -> None:
+    await store.enqueue_rollouts([RolloutRequest(input={"i": i}) for i in range(n)])
+
+
+@pytest.mark.parametrize("agent", [counting, counting_sync], ids=["async", "sync"])
+async def test_200_rollouts_8_workers_memory(agent: Any) -> None:
+    store = InMemoryLightningStore()
+    await enqueue_counting(store, 200)
+    stats = await Runner(agent, store, n_workers=8).run(max_rollouts=200)
+    assert (stats.claimed, stats.succeeded, stats.lost) == (200, 200, 0)
+    await assert_each_finished_once(store, 200)
+
+
+async def test_200_rollouts_8_workers_sqlite(tmp_path: Path) -> None:
+    store = SqliteLightningStore(tmp_path / "store.db", synchronous="NORMAL")
+    try:
+        await enqueue_counting(store, 200)
+        stats = await Runner(counting, store, n_workers=8).run(max_rollouts=200)
+        assert stats.succeeded == 200
+        await assert_each_finished_once(store, 200)
+        workers = {a.worker_id for r in await store.query_rollouts() for a in await store.query_attempts(r.rollout_id)}
+        assert len(workers) > 1  # the work was spread, not done by one worker
+    finally:
+        await store.close()
+
+
+async def _attempt_of(store: LightningStore, rollout: Rollout) -> Attempt:
+    (attempt,) = await store.query_attempts(rollout.rollout_id)
+    return attempt
+
+
+async def test_failures_are_recorded_and_the_runner_keeps_going() -> None:
+    store = InMemoryLightningStore()
+    config = RolloutConfig(timeout_s=0.5)
+    actions = ["raise", "hang", "string", "nan", "ok"]
+    rollouts = await store.enqueue_rollouts([RolloutRequest(input={"do": a}, config=config) for a in actions])
+    hung_sync = await store.enqueue_rollout({"sleep": 5.0}, timeout_s=0.3)
+
+    stats = await Runner(Misbehaving(), store, n_workers=2).run(max_rollouts=len(actions))
+    assert (stats.succeeded, stats.failed, stats.timed_out) == (1, 3, 1)
+    stats = await Runner(sleepy_sync, store, n_workers=1).run(max_rollouts=1)
+    assert stats.timed_out == 1
+
+    got = {a: await _attempt_of(store, r) for a, r in zip(actions, rollouts, strict=True)}
+    assert got["raise"].status == "failed"
+    assert got["raise"].error == "KeyError: 'no such tool: calculator'"
+    assert got["hang"].status == "timeout"
+    assert "ran past the attempt timeout of 0.5 s" in (got["hang"].error or "")
+    assert got["string"].status == "failed"
+    assert (got["string"].error or "").startswith("InvalidRewardError: the agent returned '42' (str)")
+    assert got["nan"].status == "failed"
+    assert "InvalidRewardError" in (got["nan"].error or "") and "nan" in (got["nan"].error or "")
+    assert got["ok"].status == "succeeded"
+    ok_spans = await store.query_spans(rollouts[-1].rollout_id, "latest")
+    assert final_reward(ok_spans) == 0.5  # the dict named "brevity" as its primary dimension
+    sync_attempt = await _attempt_of(store, hung_sync)
+    assert sync_attempt.status == "timeout"
+    # The raising attempt's exception is also a span of the attempt, next to the error on the attempt record.
+    raise_spans = await store.query_spans(rollouts[0].rollout_id, "latest")
+    assert any("exception" in s.name for s in raise_spans)
+    assert {r.status for r in await store.query_rollouts()} == {"succeeded", "failed"}
+
+
+async def test_resources_are_injected_with_the_attempt_url() -> None:
+    store = InMemoryLightningStore()
+    await store.add_resources(
+        {
+            "llm": LLM(base_url="http://127.0.0.1:4748/v1", model="policy", proxied=True),
+            "prompt_template": PromptTemplate(template="Q: {question}"),
+        }
+    )
+    pinned = await store.add_resources({"llm": LLM(base_url="http://127.0.0.1:9/v1", model="old")})
+    seen: list[tuple[str, str, str]] = []
+
+    async def agent(task: dict[str, str], llm: LLM, rollout: Rollout, prompt_template: PromptTemplate | None = None):
+        template = prompt_template.format(question=task["q"]) if prompt_template else "-"
+        seen.append((rollout.rollout_id, llm.base_url, template))
+
+    latest = await store.enqueue_rollout({"q": "2+2?"}, resources_id=None)
+    old = await store.enqueue_rollout({"q": "3+3?"}, resources_id=pinned.resources_id)
+    # Latest is taken at claim time: publishing `pinned` after enqueueing `latest` means it runs with `pinned`
+    # too, so enqueue a third one pinned to the first snapshot to see the proxied URL.
+    first = (await store.list_resources())[0]
+    proxied = await store.enqueue_rollout({"q": "4+4?"}, resources_id=first.resources_id)
+    stats = await Runner(agent, store).run(max_rollouts=3)
+    assert stats.succeeded == 3
+    by_id = {rid: (url, text) for rid, url, text in seen}
+    assert by_id[latest.rollout_id] == ("http://127.0.0.1:9/v1", "-")
+    assert by_id[old.rollout_id] == ("http://127.0.0.1:9/v1", "-")
+    (attempt,) = await store.query_attempts(proxied.rollout_id)
+    assert by_id[proxied.rollout_id] == (
+        f"http://127.0.0.1:4748/rollout/{proxied.rollout_id}/attempt/{attempt.attempt_id}/v1",
+        "Q: 4+4?",
+    )
+
+
+async def test_missing_resource_fails_the_attempt_with_a_fix() -> None:
+    store = InMemoryLightningStore()
+    rollout = await store.enqueue_rollout({"q": 1})
+
+    def agent(task: Any, llm: LLM) -> float:
+        return 1.0
+
+    await Runner(agent, store).run(max_rollouts=1)
+    attempt = await _attempt_of(store, rollout)
+    assert attempt.status == "failed"
+    assert "AgentSignatureError" in (attempt.error or "") and "add_resources" in (attempt.error or "")
+
+
+async def test_stop_event_ends_idle_workers() -> None:
+    store = InMemoryLightningStore()
+    runner = Runner(counting, store, n_workers=4, poll_interval_s=0.05)
+    stop = asyncio.Event()
+    task = asyncio.create_task(runner.run(stop_event=stop))
+    await enqueue_counting(store, 5)
+    ids = [r.rollout_id for r in await store.query_rollouts()]
+    assert len(await store.wait_for_rollouts(ids, timeout_s=5)) == 5
+    stop.set()
+    stats = await asyncio.wait_for(task, 5)
+    assert stats.succeeded == 5
