@@ -183,13 +183,10 @@ def _otel_attributes(attributes: Mapping[str, Any] | None) -> Attributes:
     """OTel SDK attributes (primitives or homogeneous tuples, already validated by the SDK) → our flat dict."""
     if not attributes:
         return {}
-    result: Attributes = {}
-    for key, value in attributes.items():
-        if isinstance(value, str | bool | int | float):
-            result[key] = value
-        elif isinstance(value, tuple | list):
-            # the SDK admits only homogeneous primitive sequences, stored as tuples
-            result[key] = cast(AttributeValue, list(cast(Sequence[Any], value)))
+    result = dict(attributes)
+    for key, value in result.items():
+        if type(value) is tuple:  # the SDK stores sequences as tuples; replacing values while iterating is safe
+            result[key] = list(cast(tuple[Any, ...], value))
     return result
 
 

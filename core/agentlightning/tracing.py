@@ -150,6 +150,8 @@ class StoreSpanSink:
         """Store the batch; raises what the store raises (the tracer retries or drops)."""
         batch = list(spans)
         if self._target_loop is not None:
+            if self._target_loop.is_closed():
+                raise RuntimeError("the event loop given to StoreSpanSink is closed; spans cannot reach the store")
             future = asyncio.run_coroutine_threadsafe(self._store.add_spans(batch), self._target_loop)
             try:
                 future.result(self._timeout_s)
@@ -226,7 +228,7 @@ class LightningSpanProcessor(SpanProcessor):
     def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
         """Stamp the current rollout/attempt ids unless the span already names a rollout."""
         context = _current.get()
-        if context is None:
+        if context is None or self._shutdown:
             return
         attributes = span.attributes
         if attributes is not None and (semconv.ROLLOUT_ID in attributes or semconv.ATTEMPT_ID in attributes):
@@ -296,6 +298,9 @@ class LightningSpanProcessor(SpanProcessor):
                 abandoned = len(self._queue)
                 self._queue.clear()
                 self.dropped_spans += abandoned
+            with self._progress:  # abandoned spans are settled, so a later flush does not wait for them
+                self._settled += abandoned
+                self._progress.notify_all()
             if abandoned:
                 self._warn_once(f"shutdown gave up on {abandoned} spans after {timeout_s}s: the sink is stuck")
 
@@ -304,9 +309,9 @@ class LightningSpanProcessor(SpanProcessor):
         while True:
             self._wakeup.wait(self._export_interval_s)
             self._wakeup.clear()
-            self._drain()
+            self._drain_safely()
             if self._stop.is_set():
-                self._drain()
+                self._drain_safely()
                 close = getattr(self._sink, "close", None)
                 if callable(close):
                     try:
@@ -314,6 +319,12 @@ class LightningSpanProcessor(SpanProcessor):
                     except Exception:  # closing must not mask the shutdown of the agent's process
                         logger.exception("agentlightning: closing the span sink failed")
                 return
+
+    def _drain_safely(self) -> None:
+        try:
+            self._drain()
+        except Exception:  # a bug here must not kill the exporter thread and stall every later flush
+            logger.exception("agentlightning: span export loop failed; continuing")
 
     def _drain(self) -> None:
         while True:

@@ -169,7 +169,8 @@ def test_adds_processor_to_users_provider_without_disturbing_it(sink: ListSpanSi
     with rollout_context("ro-1", "at-1"), provider.get_tracer("user").start_as_current_span("after"):
         pass
     assert [s.name for s in sink.spans] == ["work"]
-    assert users_exporter.get_finished_spans()[-1].name == "after"
+    after = users_exporter.get_finished_spans()[-1]
+    assert after.name == "after" and semconv.ROLLOUT_ID not in (after.attributes or {})  # no longer stamped
     provider.shutdown()
 
 
@@ -300,6 +301,26 @@ def test_flush_reports_losses_once_then_recovers() -> None:
     tracer.shutdown()
     assert tracer.dropped_spans == 3
     assert [s.name for s in sink.received] == ["first", "s0", "s1", "later"]
+
+
+def test_shutdown_gives_up_on_a_hanging_sink(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "agentlightning.tracing")
+    sink = HangingSink()
+    tracer = LightningTracer(sink, max_batch_size=1, export_interval_s=0.01)
+    otel = tracer.get_tracer("t")
+    with rollout_context("ro-1", "at-1"):
+        for name in ("stuck", "queued-1", "queued-2"):
+            with otel.start_as_current_span(name):
+                pass
+            assert sink.entered.wait(10)
+    started = time.monotonic()
+    tracer.shutdown(timeout_s=0.2)
+    assert time.monotonic() - started < 10.0
+    assert tracer.dropped_spans == 2
+    assert "shutdown gave up on 2 spans" in _drop_warnings(caplog)[0].getMessage()
+    sink.release.set()  # the span the sink held arrives; the abandoned ones are not waited for
+    assert tracer.flush(10) is False
+    assert tracer.exported_spans == 1 and [s.name for s in sink.received] == ["stuck"]
 
 
 def test_shutdown_is_idempotent_and_stops_collection(tracer: LightningTracer, sink: ListSpanSink) -> None:
