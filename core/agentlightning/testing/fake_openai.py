@@ -12,6 +12,9 @@ Tokenisation is a character vocabulary: one token per Unicode character, id = co
 ``-((t % 10) + 1) / 20``. Ids and timestamps are derived from the request content, so the same request always gets a
 byte-identical response.
 
+``latency_s`` delays every answer, ``chunk_delay_s`` spaces stream events, ``supports_token_ids=False`` rejects
+``return_token_ids`` with a 400 as api.openai.com does, and ``FakeError`` answers with any status and body.
+
 Behaviour is scripted by ``reply``: a callable ``FakeRequest -> FakeReply | FakeError``, a list of them served in call
 order (then the default), or a fixed string. The default answers ``"echo: <last user text>"``::
 
@@ -208,6 +211,7 @@ class FakeOpenAI:
     model: str = "fake-model"
     policy_version: int | None = 1
     latency_s: float = 0.0
+    chunk_delay_s: float = 0.0
     supports_token_ids: bool = True
     stream_chunk_chars: int = 4
     created: int = 1_700_000_000
@@ -311,7 +315,9 @@ class FakeOpenAI:
 
     def _sse(self, events: Iterator[bytes]) -> Response:
         async def body() -> AsyncIterator[bytes]:
-            for event in events:
+            for index, event in enumerate(events):
+                if index and self.chunk_delay_s:
+                    await asyncio.sleep(self.chunk_delay_s)
                 yield event
 
         return StreamingResponse(body(), headers=self._headers(), media_type="text/event-stream")

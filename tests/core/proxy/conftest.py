@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
 
+import openai
 import pytest
 
 from agentlightning.proxy import ProxyServer
@@ -16,12 +19,18 @@ from agentlightning.types import Span
 
 @dataclass
 class ProxyRig:
-    """Store + fake upstream + proxy, with helpers the tests share."""
+    """Store + fake upstream + proxy, with helpers the tests share; clients it makes are closed at teardown."""
 
     store: InMemoryLightningStore
     fake: FakeOpenAI
-    upstream: FakeOpenAIServer
+    upstream: FakeOpenAIServer | None
     proxy: ProxyServer
+    stack: ExitStack = field(repr=False)
+
+    @property
+    def upstream_url(self) -> str:
+        assert self.upstream is not None, "this rig has no upstream on purpose"
+        return self.upstream.base_url
 
     def new_attempt(self) -> tuple[str, str]:
         """Enqueue and claim a rollout; (rollout_id, attempt_id)."""
@@ -39,6 +48,25 @@ class ProxyRig:
         self.proxy.flush()
         return asyncio.run(self.store.query_spans(rollout_id))
 
+    def client(self, base_url: str, **options: Any) -> openai.OpenAI:
+        """A sync openai client closed at teardown."""
+        return self.stack.enter_context(openai.OpenAI(base_url=base_url, api_key="k", **options))
+
+
+@pytest.fixture
+def make_rig() -> Iterator[Callable[..., ProxyRig]]:
+    """Builds rigs: ``make_rig(fake)`` or ``make_rig(fake, upstream_url=...)`` for an upstream that is not the fake."""
+    with ExitStack() as stack:
+
+        def make(fake: FakeOpenAI, upstream_url: str | None = None) -> ProxyRig:
+            store = InMemoryLightningStore()
+            upstream = None if upstream_url is not None else stack.enter_context(fake.serve())
+            url = upstream_url if upstream is None else upstream.base_url
+            proxy = stack.enter_context(ProxyServer(store, url))
+            return ProxyRig(store, fake, upstream, proxy, stack)
+
+        yield make
+
 
 @pytest.fixture
 def fake() -> FakeOpenAI:
@@ -46,7 +74,5 @@ def fake() -> FakeOpenAI:
 
 
 @pytest.fixture
-def rig(fake: FakeOpenAI) -> Iterator[ProxyRig]:
-    store = InMemoryLightningStore()
-    with fake.serve() as upstream, ProxyServer(store, upstream.base_url) as proxy:
-        yield ProxyRig(store, fake, upstream, proxy)
+def rig(fake: FakeOpenAI, make_rig: Callable[..., ProxyRig]) -> ProxyRig:
+    return make_rig(fake)

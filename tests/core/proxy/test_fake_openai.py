@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import httpx
 import openai
 import pytest
@@ -11,8 +13,8 @@ from agentlightning.testing import FakeError, FakeOpenAI, FakeReply, FakeToolCal
 
 def test_deterministic_with_token_ids_and_logprobs() -> None:
     fake = FakeOpenAI()
-    with fake.serve() as server:
-        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+    with fake.serve() as server, ExitStack() as stack:
+        client = stack.enter_context(openai.OpenAI(base_url=server.base_url, api_key="k"))
         messages = [{"role": "user", "content": "hi"}]
         first = client.chat.completions.with_raw_response.create(model="m", messages=messages)  # type: ignore[arg-type]
         second = client.chat.completions.with_raw_response.create(model="m", messages=messages)  # type: ignore[arg-type]
@@ -36,8 +38,8 @@ def test_script_list_tool_calls_errors_and_max_tokens() -> None:
         FakeError(429, "slow down"),
         FakeReply(text="abcdefgh"),
     ]
-    with FakeOpenAI(reply=script).serve() as server:
-        client = openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0)
+    with FakeOpenAI(reply=script).serve() as server, ExitStack() as stack:
+        client = stack.enter_context(openai.OpenAI(base_url=server.base_url, api_key="k", max_retries=0))
         messages = [{"role": "user", "content": "x"}]
         call = client.chat.completions.create(model="m", messages=messages)  # type: ignore[arg-type]
         assert call.choices[0].finish_reason == "tool_calls"
@@ -53,8 +55,8 @@ def test_responses_api_with_function_call_and_rule() -> None:
     fake = FakeOpenAI(
         reply=lambda r: FakeReply(text="done") if r.has_tool_results else FakeReply(tool_calls=[FakeToolCall("f")])
     )
-    with fake.serve() as server:
-        client = openai.OpenAI(base_url=server.base_url, api_key="k")
+    with fake.serve() as server, ExitStack() as stack:
+        client = stack.enter_context(openai.OpenAI(base_url=server.base_url, api_key="k"))
         first = client.responses.create(model="m", input="go")
         call = first.output[0]
         assert call.type == "function_call"

@@ -19,13 +19,13 @@ TOOLS: list[Any] = [{"type": "function", "function": {"name": "add", "parameters
 
 def _direct_ids(rig: ProxyRig, path: str, body: dict[str, Any]) -> dict[str, Any]:
     """What the upstream sends when asked for ids and logprobs directly (the ground truth for spans)."""
-    return httpx.post(f"{rig.upstream.base_url}{path}", json={**body, "return_token_ids": True}).json()
+    return httpx.post(f"{rig.upstream_url}{path}", json={**body, "return_token_ids": True}).json()
 
 
 def test_sync_chat_identical_and_span_has_upstream_ids(rig: ProxyRig) -> None:
     rollout_id, attempt_id = rig.new_attempt()
-    direct = openai.OpenAI(base_url=rig.upstream.base_url, api_key="k")
-    proxied = openai.OpenAI(base_url=rig.proxy.url_for(rollout_id, attempt_id), api_key="k")
+    direct = rig.client(rig.upstream_url)
+    proxied = rig.client(rig.proxy.url_for(rollout_id, attempt_id))
     kwargs: dict[str, Any] = {"model": "m", "messages": MESSAGES, "temperature": 0.5, "tools": TOOLS}
     want = direct.chat.completions.with_raw_response.create(**kwargs)
     got = proxied.chat.completions.with_raw_response.create(**kwargs)
@@ -60,7 +60,7 @@ def test_sync_chat_identical_and_span_has_upstream_ids(rig: ProxyRig) -> None:
 def test_agent_that_asks_for_ids_and_logprobs_gets_them(rig: ProxyRig) -> None:
     rollout_id, attempt_id = rig.new_attempt()
     body = {"model": "m", "messages": MESSAGES, "logprobs": True, "return_token_ids": True}
-    want = httpx.post(f"{rig.upstream.base_url}/chat/completions", json=body)
+    want = httpx.post(f"{rig.upstream_url}/chat/completions", json=body)
     got = httpx.post(f"{rig.proxy.url_for(rollout_id, attempt_id)}/chat/completions", json=body)
     assert got.content == want.content and "prompt_token_ids" in got.json()
 
@@ -70,7 +70,7 @@ async def test_async_streaming_chat_with_tool_calls(rig: ProxyRig) -> None:
     rollout_id, attempt_id = await asyncio.to_thread(rig.new_attempt)
     kwargs: dict[str, Any] = {"model": "m", "messages": MESSAGES, "tools": TOOLS, "stream": True}
     async with (
-        openai.AsyncOpenAI(base_url=rig.upstream.base_url, api_key="k") as direct,
+        openai.AsyncOpenAI(base_url=rig.upstream_url, api_key="k") as direct,
         openai.AsyncOpenAI(base_url=rig.proxy.url_for(rollout_id, attempt_id), api_key="k") as proxied,
     ):
         want = await direct.chat.completions.with_raw_response.create(**kwargs)
@@ -99,8 +99,8 @@ async def test_async_streaming_chat_with_tool_calls(rig: ProxyRig) -> None:
 
 def test_responses_api_streaming_and_not(rig: ProxyRig) -> None:
     rollout_id, attempt_id = rig.new_attempt()
-    direct = openai.OpenAI(base_url=rig.upstream.base_url, api_key="k")
-    proxied = openai.OpenAI(base_url=rig.proxy.url_for(rollout_id, attempt_id), api_key="k")
+    direct = rig.client(rig.upstream_url)
+    proxied = rig.client(rig.proxy.url_for(rollout_id, attempt_id))
     kwargs: dict[str, Any] = {"model": "m", "instructions": "be brief", "input": "what is up"}
     want = direct.responses.with_raw_response.create(**kwargs).http_response.content
     assert proxied.responses.with_raw_response.create(**kwargs).http_response.content == want
@@ -127,7 +127,7 @@ def test_responses_api_streaming_and_not(rig: ProxyRig) -> None:
 def test_responses_function_calls_recorded(rig: ProxyRig) -> None:
     rig.fake.reply = [FakeReply(tool_calls=[FakeToolCall("lookup", '{"q": "x"}', id="call_1")])]
     rollout_id, attempt_id = rig.new_attempt()
-    proxied = openai.OpenAI(base_url=rig.proxy.url_for(rollout_id, attempt_id), api_key="k")
+    proxied = rig.client(rig.proxy.url_for(rollout_id, attempt_id))
     with proxied.responses.stream(model="m", input="find x") as stream:
         final = stream.get_final_response()
     assert final.output[0].type == "function_call"
@@ -141,8 +141,8 @@ def test_responses_function_calls_recorded(rig: ProxyRig) -> None:
 def test_header_attribution_and_unattributed_calls(rig: ProxyRig) -> None:
     rollout_id, attempt_id = rig.new_attempt()
     headers = {sc.HEADER_ROLLOUT_ID: rollout_id, sc.HEADER_ATTEMPT_ID: attempt_id}
-    by_header = openai.OpenAI(base_url=rig.proxy.base_url, api_key="k", default_headers=headers)
-    plain = openai.OpenAI(base_url=rig.proxy.base_url, api_key="k")
+    by_header = rig.client(rig.proxy.base_url, default_headers=headers)
+    plain = rig.client(rig.proxy.base_url)
     by_header.chat.completions.create(model="m", messages=MESSAGES)
     before = len(rig.fake.requests)
     plain.chat.completions.create(model="m", messages=MESSAGES)

@@ -1,0 +1,107 @@
+"""Bad input and failing upstreams: clear errors for the agent, the span of every call that reached the upstream."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from agentlightning import semconv as sc
+from agentlightning.testing import FakeError, FakeOpenAI, FakeReply
+from tests.core.proxy.conftest import ProxyRig
+
+BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_unknown_rollout_or_attempt_is_404_with_a_message(rig: ProxyRig) -> None:
+    rollout_id, attempt_id = rig.new_attempt()
+    unknown_rollout = httpx.post(f"{rig.proxy.url_for('ro-nope', attempt_id)}/chat/completions", json=BODY)
+    assert unknown_rollout.status_code == 404
+    assert "rollout ro-nope is not in the store" in unknown_rollout.json()["error"]["message"]
+    unknown_attempt = httpx.post(f"{rig.proxy.url_for(rollout_id, 'at-nope')}/responses", json=BODY)
+    assert unknown_attempt.status_code == 404
+    assert f"has no attempt at-nope; its attempts are ['{attempt_id}']" in unknown_attempt.json()["error"]["message"]
+    client = rig.client(rig.proxy.url_for("ro-nope", "at-x"), max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="not in the store"):
+        client.chat.completions.create(**BODY)
+    half = httpx.post(f"{rig.proxy.base_url}/chat/completions", json=BODY, headers={sc.HEADER_ROLLOUT_ID: rollout_id})
+    assert half.status_code == 400 and sc.HEADER_ATTEMPT_ID in half.json()["error"]["message"]
+    assert rig.fake.requests == []
+
+
+def test_body_not_json_is_400(rig: ProxyRig) -> None:
+    rollout_id, attempt_id = rig.new_attempt()
+    for url in (rig.proxy.base_url, rig.proxy.url_for(rollout_id, attempt_id)):
+        reply = httpx.post(
+            f"{url}/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        assert reply.status_code == 400 and "not JSON" in reply.json()["error"]["message"]
+        listed = httpx.post(f"{url}/responses", json=[1, 2])
+        assert listed.status_code == 400 and "JSON object" in listed.json()["error"]["message"]
+    assert rig.fake.requests == [] and rig.spans(rollout_id) == []
+
+
+def test_upstream_down_is_502_and_recorded(make_rig: Callable[..., ProxyRig]) -> None:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    rig = make_rig(FakeOpenAI(), upstream_url=dead)
+    rollout_id, attempt_id = rig.new_attempt()
+    reply = httpx.post(f"{rig.proxy.url_for(rollout_id, attempt_id)}/chat/completions", json=BODY)
+    assert reply.status_code == 502
+    assert "could not reach the upstream" in reply.json()["error"]["message"]
+    assert httpx.get(f"{rig.proxy.base_url}/models").status_code == 502
+    [span] = rig.spans(rollout_id)
+    assert span.status.code == "ERROR" and "could not reach" in (span.status.message or "")
+    assert span.attributes[sc.ERROR_TYPE] == "ConnectError"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_upstream_errors_pass_through_and_are_recorded(fake: FakeOpenAI, rig: ProxyRig, stream: bool) -> None:
+    fake.reply = lambda r: FakeError(503, "model overloaded") if "fail" in r.last_user_text else FakeReply("ok")
+    rollout_id, attempt_id = rig.new_attempt()
+    body = {"model": "m", "messages": [{"role": "user", "content": "fail now"}], "stream": stream}
+    direct = httpx.post(f"{rig.upstream_url}/chat/completions", json=body)
+    got = httpx.post(f"{rig.proxy.url_for(rollout_id, attempt_id)}/chat/completions", json=body)
+    assert (got.status_code, got.content) == (503, direct.content)
+    client = rig.client(rig.proxy.url_for(rollout_id, attempt_id), max_retries=0)
+    with pytest.raises(openai.InternalServerError, match="model overloaded"):
+        client.responses.create(model="m", input="fail please", stream=stream)
+    spans = rig.spans(rollout_id)
+    assert len(spans) == 2
+    for span in spans:
+        assert span.status.code == "ERROR" and span.status.message == "model overloaded"
+        assert span.attributes[sc.ERROR_TYPE] == "503"
+        assert span.attributes[sc.POLICY_VERSION] == 1
+
+
+def test_upstream_without_token_ids_is_asked_once_then_never(make_rig: Callable[..., ProxyRig]) -> None:
+    rig = make_rig(FakeOpenAI(supports_token_ids=False))
+    rollout_id, attempt_id = rig.new_attempt()
+    client = rig.client(rig.proxy.url_for(rollout_id, attempt_id))
+    for _ in range(2):
+        assert client.chat.completions.create(**BODY).choices[0].message.content == "echo: hi"
+    spans = rig.spans(rollout_id)
+    assert ["return_token_ids" in body for body in rig.fake.requests] == [True, False, False]
+    assert all(span.status.code == "OK" and sc.RESPONSE_TOKEN_IDS not in span.attributes for span in spans)
+    assert all(len(span.attributes[sc.RESPONSE_LOGPROBS]) == len("echo: hi") for span in spans)  # type: ignore[arg-type]
+
+
+def test_client_disconnect_mid_stream_still_records_the_span(make_rig: Callable[..., ProxyRig]) -> None:
+    rig = make_rig(FakeOpenAI(reply="a long answer that streams slowly", chunk_delay_s=0.05))
+    rollout_id, attempt_id = rig.new_attempt()
+    url = f"{rig.proxy.url_for(rollout_id, attempt_id)}/chat/completions"
+    with httpx.stream("POST", url, json={**BODY, "stream": True}) as reply:
+        first = next(reply.iter_bytes())
+    assert first.startswith(b"data: ")
+    deadline = time.monotonic() + 5
+    while not (spans := rig.spans(rollout_id)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    [span] = spans
+    assert span.status.code == "ERROR" and "disconnected" in (span.status.message or "")
+    assert span.attributes[sc.PROMPT_TOKEN_IDS]  # what arrived before the cut is kept
