@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -16,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agentlightning import semconv
-from agentlightning.store.memory import InMemoryLightningStore
+from agentlightning.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
 from agentlightning.tracing import (
     LightningTracer,
     ListSpanSink,
@@ -371,7 +372,7 @@ def test_init_tracing_replaces_and_shutdown_clears(sink: ListSpanSink) -> None:
 
 
 # --- delivery into a real store -------------------------------------------------------------------------------------
-async def _running_attempt(store: InMemoryLightningStore) -> tuple[str, str]:
+async def _running_attempt(store: LightningStore) -> tuple[str, str]:
     await store.enqueue_rollout({"question": "2+2"})
     claimed = await store.claim_rollout("worker-1")
     assert claimed is not None
@@ -379,8 +380,17 @@ async def _running_attempt(store: InMemoryLightningStore) -> tuple[str, str]:
     return claimed.rollout.rollout_id, claimed.attempt.attempt_id
 
 
-def test_store_sink_delivers_on_its_own_loop_and_flush_means_stored() -> None:
-    store = InMemoryLightningStore()
+@pytest.fixture(params=["memory", "sqlite"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LightningStore]:
+    store: LightningStore = (
+        InMemoryLightningStore() if request.param == "memory" else SqliteLightningStore(tmp_path / "store.db")
+    )
+    yield store
+    asyncio.run(store.close())
+
+
+def test_store_sink_delivers_on_its_own_loop_and_flush_means_stored(any_store: LightningStore) -> None:
+    store = any_store
     rollout_id, attempt_id = asyncio.run(_running_attempt(store))
     tracer = LightningTracer(StoreSpanSink(store), export_interval_s=60)  # only flush delivers
     otel = tracer.get_tracer("t")
