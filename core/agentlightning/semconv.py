@@ -20,10 +20,13 @@ attribute                                  type        meaning
 ``agentlightning.response_logprobs``       list[float] log-probabilities of ``response_token_ids`` under the policy
 ``agentlightning.policy_version``          int         weights version that produced the response
 ``agentlightning.reward.primary``          str         name of the primary reward dimension of a reward span
-``agentlightning.reward.<name>``           float       value of reward dimension ``<name>`` (one per dimension)
+``agentlightning.reward.<name>``           float       value of reward dimension ``<name>`` (one per dimension);
+                                                       a plain float reward is the single dimension ``value``
 ``agentlightning.message.body``            str         body of an ``emit_message`` span
 ``agentlightning.object.json``             str         JSON body of an ``emit_object`` span
 ``agentlightning.annotation.<key>``        any         user annotation of an ``emit_annotation`` span
+``agentlightning.operation.input``        str         JSON of an ``operation``'s inputs
+``agentlightning.operation.output``       str         JSON of an ``operation``'s output
 ``agentlightning.span.source``             str         who recorded the span: ``proxy``, ``hook``, ``emit``, ``otlp``
 =========================================  ==========  ============================================================
 
@@ -74,6 +77,9 @@ REWARD_PRIMARY: Final = "agentlightning.reward.primary"
 MESSAGE_BODY: Final = "agentlightning.message.body"
 OBJECT_JSON: Final = "agentlightning.object.json"
 ANNOTATION_PREFIX: Final = "agentlightning.annotation."
+OPERATION_INPUT: Final = "agentlightning.operation.input"
+OPERATION_OUTPUT: Final = "agentlightning.operation.output"
+REWARD_DEFAULT_DIMENSION: Final = "value"
 SPAN_SOURCE: Final = "agentlightning.span.source"
 
 SOURCE_PROXY: Final = "proxy"
