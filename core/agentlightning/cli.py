@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from agentlightning.types import Span
 
 T = TypeVar("T")
-TOKEN_ENV = "AGL_TOKEN"
+# Same variable as agentlightning.server.TOKEN_ENV; not imported from there to keep `agl --help` free of FastAPI.
+TOKEN_ENV = "AGENTLIGHTNING_TOKEN"
 
 app = typer.Typer(
     name="agl",

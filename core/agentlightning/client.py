@@ -15,7 +15,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Final, Literal, NoReturn
 from urllib.parse import quote
 
@@ -67,8 +67,13 @@ class LightningStoreClient(LightningStore):
         max_backoff_s: float = 5.0,
         long_poll_s: float = 20.0,
         max_connections: int = 256,
+        transport_factory: Callable[[], httpx.AsyncBaseTransport] | None = None,
     ) -> None:
-        """Point at a store server; ``timeout_s`` bounds each request beyond any wait it asks the server for."""
+        """Point at a store server; ``timeout_s`` bounds each request beyond any wait it asks the server for.
+
+        ``transport_factory`` makes the httpx transport of each event loop (e.g. ``httpx.ASGITransport`` to talk
+        to an app in process); by default connections are pooled TCP.
+        """
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"store url must start with http:// or https://, got {url!r}")
         self.url = url.rstrip("/")
@@ -80,6 +85,7 @@ class LightningStoreClient(LightningStore):
         self.long_poll_s = long_poll_s
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self._limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._transport_factory = transport_factory
         self._lock = threading.Lock()
         self._clients: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, AsyncGenerator[None, None]]] = {}
 
@@ -92,7 +98,10 @@ class LightningStoreClient(LightningStore):
         entry = self._clients.get(loop)
         if entry is not None:
             return entry[0]
-        client = httpx.AsyncClient(base_url=self.url, headers=self._headers, limits=self._limits, timeout=None)
+        transport = self._transport_factory() if self._transport_factory is not None else None
+        client = httpx.AsyncClient(
+            base_url=self.url, headers=self._headers, limits=self._limits, timeout=None, transport=transport
+        )
         closer = _close_with_loop(client)
         # First step registers the generator with the loop: asyncio.run() (and SyncLightningStore.close via
         # shutdown_asyncgens) then closes the pool when the loop ends, instead of leaking its sockets.
@@ -131,7 +140,7 @@ class LightningStoreClient(LightningStore):
             except httpx.TransportError as exc:  # connect/read errors and timeouts
                 failure = f"{type(exc).__name__}: {exc}"
                 continue
-            if response.status_code < 400:
+            if response.status_code < 300:
                 return response
             if response.status_code < 500:
                 _raise_client_error(response, method, path)

@@ -215,13 +215,20 @@ class Runner:
     def _start_tracing(self) -> Any:
         """The tracer whose spans reach this store: the one given, else a process-wide one writing to the store.
 
-        The sink runs ``add_spans`` on this loop, so stores bound to one loop (the async HTTP client) work too.
+        A local store (memory, SQLite) is thread-safe, so the sink stores spans on the exporter thread's own loop:
+        a SQLite commit (fsync) on the runner's loop would stall every worker (bench/runner.py: 60 -> 400
+        rollouts/s). Any other store (the HTTP client) is awaited on the runner's loop, where its connection pool
+        lives and is closed with it.
         """
         if self._tracer is not None:
             return self._tracer
+        from agentlightning.store import InMemoryLightningStore
+        from agentlightning.store.sqlite import SqliteLightningStore
         from agentlightning.tracing import StoreSpanSink, init_tracing
 
-        self._owned_tracer = init_tracing(StoreSpanSink(self.store, loop=asyncio.get_running_loop()))
+        local = isinstance(self.store, InMemoryLightningStore | SqliteLightningStore)
+        loop = None if local else asyncio.get_running_loop()
+        self._owned_tracer = init_tracing(StoreSpanSink(self.store, loop=loop))
         return self._owned_tracer
 
     async def _stop_tracing(self) -> None:
@@ -230,7 +237,7 @@ class Runner:
             return
         from agentlightning.tracing import get_lightning_tracer, shutdown_tracing
 
-        # In a thread: shutting down drains the queue through the sink, which needs this loop to run add_spans.
+        # In a thread: shutting down drains the queue through the sink, which may block on the store.
         if get_lightning_tracer() is tracer:
             await asyncio.to_thread(shutdown_tracing, self.flush_timeout_s)
         else:

@@ -25,8 +25,8 @@ attribute                                  type        meaning
 ``agentlightning.message.body``            str         body of an ``emit_message`` span
 ``agentlightning.object.json``             str         JSON body of an ``emit_object`` span
 ``agentlightning.annotation.<key>``        any         user annotation of an ``emit_annotation`` span
-``agentlightning.operation.input``        str         JSON of an ``operation``'s inputs
-``agentlightning.operation.output``       str         JSON of an ``operation``'s output
+``agentlightning.operation.input``         str         JSON of an ``operation``'s inputs
+``agentlightning.operation.output``        str         JSON of an ``operation``'s output
 ``agentlightning.span.source``             str         who recorded the span: ``proxy``, ``hook``, ``emit``, ``otlp``
 =========================================  ==========  ============================================================
 

@@ -5,7 +5,8 @@ Simple case, one process: ``Trainer(algorithm).fit(agent, train_tasks, val_tasks
 workers whose spans go to the store, and runs the algorithm; when the algorithm returns the runners stop.
 
 Distributed case: point every process at one store (``store="http://host:4747"`` or a shared SQLite path) and give
-each a ``role``: ``"algorithm"`` (no runners), ``"runner"`` (runners only, until stopped) or ``"both"``.
+each a ``role``: ``"algorithm"`` (no runners), ``"runner"`` (runners only, until stopped) or ``"both"``. The
+process running the algorithm also runs the watchdog that times out silent attempts of the whole fleet.
 
 ``Trainer.dev(agent, tasks)`` runs the loop once with the :class:`BaselineAlgorithm` on an in-memory store and prints,
 per rollout, the spans captured, the rewards found and the transitions a trainer would train on.
@@ -59,11 +60,6 @@ def open_store(
     from agentlightning.store.sqlite import SqliteLightningStore
 
     return SqliteLightningStore(path)
-
-
-def _is_remote(store: LightningStore) -> bool:
-    # The store server runs its own watchdog; a remote algorithm or runner process must not add more ticking.
-    return type(store).__name__ == "LightningStoreClient"
 
 
 @dataclass(frozen=True)
@@ -151,7 +147,9 @@ class Trainer:
         store = self.store = open_store(self.store_spec, token=self.token, run_dir=self.run_dir)
         from agentlightning.store import Watchdog
 
-        watchdog = None if _is_remote(store) else Watchdog(store, self.watchdog_interval_s)
+        # The algorithm's side keeps time for the whole fleet (the store server does not tick on its own): one
+        # watchdog per training run, not one per runner process.
+        watchdog = Watchdog(store, self.watchdog_interval_s) if runs_algorithm else None
         runner_task: asyncio.Task[RunnerStats] | None = None
         try:
             if watchdog is not None:

@@ -78,7 +78,13 @@ class _Batcher:
         """Serve batches until cancelled."""
         while True:
             batch = [await self.queue.get()]
-            await asyncio.sleep(self.wait_s)  # let concurrent requests join this batch
+            # Let concurrent requests join: keep waiting while more keep arriving (agents of one training step
+            # call together), but never longer than 20 waits.
+            for _ in range(20):
+                seen = self.queue.qsize()
+                await asyncio.sleep(self.wait_s)
+                if self.queue.qsize() == seen or self.queue.qsize() + 1 >= self.max_batch:
+                    break
             while len(batch) < self.max_batch and not self.queue.empty():
                 batch.append(self.queue.get_nowait())
             async with self.lock:

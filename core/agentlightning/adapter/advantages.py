@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from enum import StrEnum
 
+from agentlightning.adapter._rows import with_updates
 from agentlightning.types import Transition
 
 
@@ -56,7 +57,7 @@ def grpo_advantages(
     result: list[Transition] = []
     for transition in transitions:
         mean, scale = stats[transition.group_id]
-        result.append(transition.model_copy(update={"advantage": (transition.reward - mean) / scale}))
+        result.append(with_updates(transition, {"advantage": (transition.reward - mean) / scale}))
     return result
 
 

@@ -33,6 +33,7 @@ _INPUT_MESSAGES = semconv.GEN_AI_INPUT_MESSAGES
 _OUTPUT_MESSAGES = semconv.GEN_AI_OUTPUT_MESSAGES
 _SYSTEM_INSTRUCTIONS = semconv.GEN_AI_SYSTEM_INSTRUCTIONS
 _PROXY = semconv.SOURCE_PROXY
+_SPAN_REWARD = semconv.SPAN_REWARD
 
 
 @dataclass(slots=True)
@@ -85,13 +86,19 @@ def call_order_key(call: LLMCall, order: EventOrder) -> tuple[int, int, int]:
 
 def find_llm_calls(spans: Sequence[Span], *, tree: CallTree | None = None, order: EventOrder = "time") -> list[LLMCall]:
     """The model calls of one attempt in event order, proxy/hook twins joined into one call by response id."""
-    if tree is None:
-        tree = build_call_tree(spans)
+    return scan_attempt(tree if tree is not None else build_call_tree(spans), order)[0]
+
+
+def scan_attempt(tree: CallTree, order: EventOrder = "time") -> tuple[list[LLMCall], list[Span]]:
+    """(LLM calls in event order, reward spans) of one attempt, in a single pass over its spans."""
     groups: dict[str, list[Span]] = {}
-    singles: list[list[Span]] = []
+    singles: list[Span] = []
+    rewards: list[Span] = []
     for span in tree.spans.values():
         attributes = span.attributes
         if attributes.get(_OPERATION) not in _LLM_OPERATIONS:
+            if span.name == _SPAN_REWARD:
+                rewards.append(span)
             continue
         response_id = attributes.get(_RESPONSE_ID)
         if isinstance(response_id, str) and response_id:
@@ -101,12 +108,16 @@ def find_llm_calls(spans: Sequence[Span], *, tree: CallTree | None = None, order
             else:
                 group.append(span)
         else:
-            singles.append([span])
-    calls = [_merge(twins, tree) for twins in (*groups.values(), *singles)]
-    calls.sort(key=lambda call: call_order_key(call, order))
+            singles.append(span)
+    calls = [_merge(twins, tree) for twins in groups.values()]
+    calls.extend(_merge([span], tree) for span in singles)
+    if order == "sequence":
+        calls.sort(key=lambda call: (call.sequence_id, call.end_time))
+    else:
+        calls.sort(key=lambda call: (call.end_time, call.sequence_id))
     for index, call in enumerate(calls):
         call.turn_index = index
-    return calls
+    return calls, rewards
 
 
 def _merge(twins: list[Span], tree: CallTree) -> LLMCall:
@@ -114,39 +125,34 @@ def _merge(twins: list[Span], tree: CallTree) -> LLMCall:
     if len(twins) == 1:
         structural = data = twins[0]
         ordered = twins
+        data_attrs = struct_attrs = data.attributes
+        failed = data.status.code == "ERROR"
     else:
-        # Proxy spans first for data (engine token ids), others first for structure (the agent's own tree).
-        ordered = sorted(twins, key=lambda s: (s.attributes.get(_SOURCE) != _PROXY, s.sequence_id))
+        # Proxy spans first for data (engine token ids), the others first for structure (the agent's own tree).
+        proxies = [s for s in twins if s.attributes.get(_SOURCE) == _PROXY]
+        others = [s for s in twins if s.attributes.get(_SOURCE) != _PROXY]
+        ordered = proxies + others
         data = ordered[0]
-        structural = next((s for s in ordered if s.attributes.get(_SOURCE) != _PROXY), data)
-    attributes = data.attributes
-    prompt_ids = attributes.get(_PROMPT_IDS)
-    response_ids = attributes.get(_RESPONSE_IDS)
-    logprobs = attributes.get(_LOGPROBS)
-    version = attributes.get(_POLICY_VERSION)
-    input_messages = structural.attributes.get(_INPUT_MESSAGES)
-    output_messages = structural.attributes.get(_OUTPUT_MESSAGES)
-    system = structural.attributes.get(_SYSTEM_INSTRUCTIONS)
-    agent_name = structural.attributes.get(_AGENT_NAME)
-    failed = structural.status.code == "ERROR"
-    if len(twins) > 1:
-        for twin in ordered:
-            a = twin.attributes
-            prompt_ids = prompt_ids or a.get(_PROMPT_IDS)
-            response_ids = response_ids or a.get(_RESPONSE_IDS)
-            logprobs = logprobs or a.get(_LOGPROBS)
-            version = version if version is not None else a.get(_POLICY_VERSION)
-            input_messages = input_messages or a.get(_INPUT_MESSAGES)
-            output_messages = output_messages or a.get(_OUTPUT_MESSAGES)
-            system = system or a.get(_SYSTEM_INSTRUCTIONS)
-            agent_name = agent_name or a.get(_AGENT_NAME)
-            failed = failed or twin.status.code == "ERROR"
+        structural = others[0] if others else data
+        # Later updates win: data_attrs prefers the proxy's values, struct_attrs the hook's.
+        data_attrs = {}
+        for twin in reversed(ordered):
+            data_attrs.update(twin.attributes)
+        struct_attrs = {}
+        for twin in [*proxies, *reversed(others)]:
+            struct_attrs.update(twin.attributes)
+        failed = any(twin.status.code == "ERROR" for twin in twins)
+    agent_name = struct_attrs.get(_AGENT_NAME)
     if not isinstance(agent_name, str) or not agent_name:
         agent_name = tree.agent_name(structural.span_id)
         if agent_name is None and structural is not data:
             agent_name = tree.agent_name(data.span_id)
-    response_id = attributes.get(_RESPONSE_ID)
-    end_time = structural.end_time if structural.end_time is not None else structural.start_time
+    response_id = data_attrs.get(_RESPONSE_ID)
+    version = data_attrs.get(_POLICY_VERSION)
+    input_messages = struct_attrs.get(_INPUT_MESSAGES)
+    output_messages = struct_attrs.get(_OUTPUT_MESSAGES)
+    system = struct_attrs.get(_SYSTEM_INSTRUCTIONS)
+    end_time = structural.end_time
     return LLMCall(
         span_id=structural.span_id,
         span_ids=tuple(s.span_id for s in ordered),
@@ -154,11 +160,11 @@ def _merge(twins: list[Span], tree: CallTree) -> LLMCall:
         agent_name=agent_name,
         sources=tuple(str(s.attributes.get(_SOURCE, "unknown")) for s in ordered),
         start_time=structural.start_time,
-        end_time=end_time,
+        end_time=end_time if end_time is not None else structural.start_time,
         sequence_id=structural.sequence_id,
-        prompt_token_ids=_ints(prompt_ids),
-        response_token_ids=_ints(response_ids),
-        response_logprobs=_floats(logprobs),
+        prompt_token_ids=_ints(data_attrs.get(_PROMPT_IDS)),
+        response_token_ids=_ints(data_attrs.get(_RESPONSE_IDS)),
+        response_logprobs=_floats(data_attrs.get(_LOGPROBS)),
         policy_version=version if isinstance(version, int) and not isinstance(version, bool) else None,
         input_messages=input_messages if isinstance(input_messages, str) else None,
         output_messages=output_messages if isinstance(output_messages, str) else None,

@@ -163,7 +163,8 @@ async def check_store(
             longest = max(len(c.prompt_token_ids) for c in trace.selected)
             check.problems.append(
                 f"{_count(check.long_prompts, 'prompt')} over max_prompt_tokens={max_prompt_tokens} "
-                f"(longest {longest}): raise the limit or shorten the agent's context (fewer turns, truncated tool results)"
+                f"(longest {longest}): raise the limit or shorten the agent's context "
+                "(fewer turns, truncated tool results)"
             )
         if check.long_responses:
             longest = max(len(c.response_token_ids) for c in trace.selected)

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from agentlightning.adapter.calls import EventOrder, LLMCall, find_llm_calls
+from agentlightning.adapter._rows import new_transition, with_updates
+from agentlightning.adapter.calls import EventOrder, LLMCall, scan_attempt
 from agentlightning.adapter.credit import CreditStrategy, RewardEvent, assign_credit, find_reward_events
 from agentlightning.adapter.selection import AgentSelector, AgentSpec
 from agentlightning.adapter.tree import CallTree, build_call_tree
@@ -75,10 +76,10 @@ class TraceAdapter:
         """Tree, calls, selected calls and rewards of the latest attempt among ``spans``."""
         attempt_id, spans = _latest_attempt(spans)
         tree = build_call_tree(spans)
-        calls = find_llm_calls(spans, tree=tree, order=self.order)
+        calls, reward_spans = scan_attempt(tree, self.order)
         matches = self.selector.matches
         selected = [call for call in calls if matches(call.agent_name)]
-        rewards = find_reward_events(tree.spans, calls, order=self.order, final_reward=final_reward)
+        rewards = find_reward_events(reward_spans, calls, order=self.order, final_reward=final_reward)
         if not rewards and self.default_reward is not None:
             rewards = [RewardEvent(float(self.default_reward), len(calls), True)]
         return AttemptTrace(attempt_id, tree, calls, selected, rewards)
@@ -120,23 +121,25 @@ class TraceAdapter:
             if system:
                 prompt_messages = system + (prompt_messages or [])
             response_messages = _messages(call.output_messages, role="assistant")
-        # model_construct: every value is already of the field's type; validation would triple the adapter's cost.
-        return Transition.model_construct(
-            rollout_id=rollout.rollout_id,
-            attempt_id=attempt_id or "",
-            group_id=rollout.group_id or rollout.rollout_id,
-            agent_name=call.agent_name,
-            turn_index=call.turn_index,
-            span_id=call.span_id,
-            prompt_token_ids=call.prompt_token_ids,
-            response_token_ids=call.response_token_ids,
-            response_logprobs=call.response_logprobs,
-            reward=reward,
-            advantage=None,
-            policy_version=call.policy_version,
-            prompt_messages=prompt_messages,
-            response_messages=response_messages,
-            response_mask=None,
+        # Plain construction: every value already has its field's type; validation would triple the adapter's cost.
+        return new_transition(
+            {
+                "rollout_id": rollout.rollout_id,
+                "attempt_id": attempt_id or "",
+                "group_id": rollout.group_id or rollout.rollout_id,
+                "agent_name": call.agent_name,
+                "turn_index": call.turn_index,
+                "span_id": call.span_id,
+                "prompt_token_ids": call.prompt_token_ids,
+                "response_token_ids": call.response_token_ids,
+                "response_logprobs": call.response_logprobs,
+                "reward": reward,
+                "advantage": None,
+                "policy_version": call.policy_version,
+                "prompt_messages": prompt_messages,
+                "response_messages": response_messages,
+                "response_mask": None,
+            }
         )
 
 
@@ -173,14 +176,15 @@ def aggregate_trajectories(transitions: Sequence[Transition]) -> list[Transition
             response_messages = row.response_messages
             if current.prompt_messages is not None and row.prompt_messages is not None:
                 response_messages = row.prompt_messages[len(current.prompt_messages) :] + (response_messages or [])
-            current = current.model_copy(
-                update={
+            current = with_updates(
+                current,
+                {
                     "response_token_ids": [*current.response_token_ids, *observation, *response],
                     "response_mask": [*mask, *([0] * len(observation)), *([1] * len(response))],
                     "response_logprobs": logprobs,
                     "reward": row.reward,
                     "response_messages": response_messages,
-                }
+                },
             )
             result[-1] = current
             full = [*prompt, *response]

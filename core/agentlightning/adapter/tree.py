@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 
 from agentlightning import semconv
 from agentlightning.types import Span
@@ -18,25 +17,61 @@ def span_order_key(span: Span) -> tuple[int, int, str]:
     return (span.start_time, span.sequence_id, span.span_id)
 
 
-@dataclass(slots=True)
 class CallTree:
     """Spans of one attempt arranged by parent, with children in chronological order.
 
     A span whose ``parent_id`` names a span that is not in the set (dropped, or from another process whose spans
     never arrived) is an *orphan*: it is listed among the roots so that nothing is lost, and its agent is found by
-    time (the innermost agent span whose interval encloses it) instead of by ancestry.
+    time (the innermost agent span whose interval encloses it) instead of by ancestry. Children, roots and orphans
+    are worked out on first use: the adapter needs only parents.
     """
 
-    spans: dict[str, Span]
-    """Every span, by span_id."""
-    children: dict[str, list[str]]
-    """Child span ids of each span id, chronological (spans without children are absent)."""
-    roots: list[str]
-    """Spans without a parent in the set (true roots and orphans), chronological."""
-    orphans: frozenset[str]
-    """Spans whose parent_id names a span that is not in the set."""
-    _agent_names: dict[str, tuple[str | None, bool]] = field(default_factory=dict[str, "tuple[str | None, bool]"])
-    _agent_spans: list[Span] | None = None
+    __slots__ = ("_agent_names", "_agent_spans", "_children", "_orphans", "_roots", "spans")
+
+    def __init__(self, spans: dict[str, Span]) -> None:
+        """Wrap spans keyed by span id (see :func:`build_call_tree`)."""
+        self.spans = spans
+        self._children: dict[str, list[str]] | None = None
+        self._roots: list[str] = []
+        self._orphans: frozenset[str] = frozenset()
+        self._agent_names: dict[str, tuple[str | None, bool]] = {}
+        self._agent_spans: list[Span] | None = None
+
+    @property
+    def children(self) -> dict[str, list[str]]:
+        """Child span ids of each span id, chronological (spans without children are absent)."""
+        return self._arrange()
+
+    @property
+    def roots(self) -> list[str]:
+        """Spans without a parent in the set (true roots and orphans), chronological."""
+        self._arrange()
+        return self._roots
+
+    @property
+    def orphans(self) -> frozenset[str]:
+        """Spans whose parent_id names a span that is not in the set."""
+        self._arrange()
+        return self._orphans
+
+    def _arrange(self) -> dict[str, list[str]]:
+        if self._children is not None:
+            return self._children
+        spans = self.spans
+        children: dict[str, list[str]] = {}
+        roots: list[str] = []
+        orphans: set[str] = set()
+        for span in sorted(spans.values(), key=span_order_key):
+            parent_id = span.parent_id
+            if parent_id is None or parent_id == span.span_id:
+                roots.append(span.span_id)
+            elif parent_id in spans:
+                children.setdefault(parent_id, []).append(span.span_id)
+            else:
+                roots.append(span.span_id)
+                orphans.add(span.span_id)
+        self._children, self._roots, self._orphans = children, roots, frozenset(orphans)
+        return children
 
     def parent(self, span_id: str) -> Span | None:
         """The parent span, or None for a root or an orphan."""
@@ -139,22 +174,11 @@ def build_call_tree(spans: Sequence[Span]) -> CallTree:
 
     A span id seen twice keeps the copy with the higher sequence id (the store's latest word on it).
     """
-    by_id: dict[str, Span] = {}
-    for span in spans:
-        existing = by_id.get(span.span_id)
-        if existing is None or span.sequence_id > existing.sequence_id:
-            by_id[span.span_id] = span
-    ordered = sorted(by_id.values(), key=span_order_key)
-    children: dict[str, list[str]] = {}
-    roots: list[str] = []
-    orphans: set[str] = set()
-    for span in ordered:
-        parent_id = span.parent_id
-        if parent_id is None or parent_id == span.span_id:
-            roots.append(span.span_id)
-        elif parent_id in by_id:
-            children.setdefault(parent_id, []).append(span.span_id)
-        else:
-            roots.append(span.span_id)
-            orphans.add(span.span_id)
-    return CallTree(spans=by_id, children=children, roots=roots, orphans=frozenset(orphans))
+    by_id = {span.span_id: span for span in spans}
+    if len(by_id) != len(spans):
+        by_id = {}
+        for span in spans:
+            existing = by_id.get(span.span_id)
+            if existing is None or span.sequence_id > existing.sequence_id:
+                by_id[span.span_id] = span
+    return CallTree(by_id)

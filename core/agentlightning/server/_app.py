@@ -116,6 +116,7 @@ def create_app(
         version=__version__,
         description="The LightningStore (rollout queue, attempts, spans, resources) over HTTP, and OTLP/HTTP ingest.",
         responses=_ERRORS,
+        redirect_slashes=False,  # an empty id ("/v1/rollouts/") is a 404, not a redirect to another operation
     )
     app.router.route_class = _OrjsonRoute
     app.add_middleware(StoreEdgeMiddleware, token=token, max_body_bytes=max_body_bytes, metrics=metrics)

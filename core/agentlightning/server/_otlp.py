@@ -2,9 +2,9 @@
 
 Follows https://opentelemetry.io/docs/specs/otlp/#otlphttp: protobuf (``application/x-protobuf``) or JSON
 (``application/json``, hex trace/span ids) bodies, optional gzip; 200 with ``partial_success`` naming rejected spans;
-4xx bodies are ``google.rpc.Status`` messages. Rollout and attempt ids come from the resource attributes
-``agentlightning.rollout_id``/``agentlightning.attempt_id`` or, for spans without them, from the headers
-``x-agentlightning-rollout-id``/``x-agentlightning-attempt-id``.
+4xx bodies are ``google.rpc.Status`` messages. Rollout and attempt ids come from the headers
+``x-agentlightning-rollout-id``/``x-agentlightning-attempt-id`` when given (they then apply to every span of the
+export), else from the span or resource attributes ``agentlightning.rollout_id``/``agentlightning.attempt_id``.
 """
 
 from __future__ import annotations

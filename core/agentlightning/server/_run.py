@@ -145,7 +145,10 @@ class StoreServer:
         if self._thread is not None:
             raise RuntimeError("StoreServer is already running")
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # proto must be IPPROTO_TCP: asyncio only sets TCP_NODELAY on such sockets, and without it every small
+        # answer waits ~40 ms for Nagle + delayed ACK.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host.strip("[]"), self.port))
         self.port = sock.getsockname()[1]  # port 0 -> the ephemeral port the OS chose
