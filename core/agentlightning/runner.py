@@ -96,11 +96,13 @@ async def _call_in_thread(function: Callable[..., Any], args: list[Any], kwargs:
 
     def target() -> None:
         try:
-            result = context.run(function, *args, **kwargs)
+            outcome: tuple[bool, Any] = (True, context.run(function, *args, **kwargs))
         except BaseException as exc:  # handed to the awaiting worker, which records it on the attempt
-            loop.call_soon_threadsafe(settle, False, exc)
-        else:
-            loop.call_soon_threadsafe(settle, True, result)
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop is gone: the attempt timed out long ago and nobody waits for this result
+            logger.debug("agent %r returned after its runner's event loop closed", function)
 
     threading.Thread(target=target, name="agl-agent", daemon=True).start()
     return await future

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -77,7 +78,7 @@ async def test_killed_runner_attempt_times_out_and_another_runner_finishes_it(
             while not await client.query_spans(rollout.rollout_id, "latest"):  # it is inside the agent
                 assert time.monotonic() < deadline, "the runner process never started the attempt"
                 assert victim.poll() is None, victim.communicate()[0].decode()
-                time.sleep(0.05)
+                await asyncio.sleep(0.05)
             os.kill(victim.pid, signal.SIGKILL)
             victim.communicate(timeout=10)
 

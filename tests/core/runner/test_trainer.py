@@ -1,0 +1,96 @@
+"""Trainer: fit in one process on the embedded SQLite store, the dev loop, and split roles over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from agentlightning.algorithm import Algorithm
+from agentlightning.algorithms import BaselineAlgorithm
+from agentlightning.server import StoreServer
+from agentlightning.store import InMemoryLightningStore
+from agentlightning.store.base import LightningStore
+from agentlightning.store.sqlite import SqliteLightningStore
+from agentlightning.trainer import Trainer
+from agentlightning.types import LLM
+from tests.core.runner.agents import counting
+
+
+def quiet_console() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=200), out
+
+
+def test_fit_uses_an_embedded_sqlite_store_and_baseline(tmp_path: Path) -> None:
+    console, out = quiet_console()
+    algorithm = BaselineAlgorithm(console=console)
+    trainer = Trainer(algorithm, n_runners=4, run_dir=tmp_path, console=console)
+    trainer.fit(counting, [{"i": i} for i in range(20)], [{"i": i} for i in range(100, 105)])
+
+    assert algorithm.summary["train"].by_status == {"succeeded": 20}
+    assert algorithm.summary["val"].by_status == {"succeeded": 5}
+    assert algorithm.summary["train"].mean_reward == sum(i % 7 for i in range(20)) / 20
+    (db,) = tmp_path.glob("*/store.db")  # runs/<timestamp>/store.db under the run directory
+    assert trainer.runner_stats is not None and trainer.runner_stats.succeeded == 25
+
+    async def reopen() -> list[str]:
+        store = SqliteLightningStore(db)
+        try:
+            return [r.status for r in await store.query_rollouts()]
+        finally:
+            await store.close()
+
+    assert asyncio.run(reopen()) == ["succeeded"] * 25
+    assert "baseline run" in out.getvalue()
+
+
+def test_dev_reports_each_rollout() -> None:
+    console, out = quiet_console()
+    rows = Trainer(n_runners=2, console=console).dev(counting, [{"i": 3}, {"i": 4}])
+    assert [(r.status, r.spans, r.rewards, r.final_reward) for r in rows] == [
+        ("succeeded", 3, 1, 3.0),
+        ("succeeded", 3, 1, 4.0),
+    ]
+    assert "what the trainer would see" in out.getvalue()
+
+
+class PublishThenRun(Algorithm):
+    """Publishes an LLM, enqueues the tasks pinned to it, waits: the shape of a real algorithm's step."""
+
+    def __init__(self) -> None:
+        self.statuses: list[str] = []
+
+    async def run(
+        self, store: LightningStore, train_tasks: Sequence[Any] | None = None, val_tasks: Sequence[Any] | None = None
+    ) -> None:
+        snapshot = await store.add_resources({"llm": LLM(base_url="http://127.0.0.1:9/v1", model="policy-v1")})
+        ids = [
+            (await store.enqueue_rollout(t, resources_id=snapshot.resources_id)).rollout_id for t in train_tasks or ()
+        ]
+        done = await store.wait_for_rollouts(ids, timeout_s=30)
+        self.statuses = [r.status for r in done]
+
+
+async def test_algorithm_and_runner_roles_share_a_store_over_http() -> None:
+    models: list[str] = []
+
+    async def agent(task: dict[str, int], llm: LLM) -> float:
+        models.append(llm.model)
+        return float(task["i"])
+
+    with StoreServer(InMemoryLightningStore()) as server:
+        runner_side = Trainer(store=server.url, n_runners=3, role="runner")
+        runners = asyncio.create_task(runner_side.fit_async(agent))
+        algorithm = PublishThenRun()
+        await Trainer(algorithm, store=server.url, role="algorithm").fit_async(None, [{"i": i} for i in range(12)])
+        runner_side.stop()
+        await asyncio.wait_for(runners, 10)
+
+    assert algorithm.statuses == ["succeeded"] * 12
+    assert models == ["policy-v1"] * 12
+    assert runner_side.runner_stats is not None and runner_side.runner_stats.succeeded == 12
