@@ -8,7 +8,7 @@ from typing import Literal, TypeAlias, cast
 
 from agentlightning import semconv
 from agentlightning.adapter.tree import CallTree, build_call_tree
-from agentlightning.types import Span
+from agentlightning.types import Attributes, Span
 
 EventOrder: TypeAlias = Literal["time", "sequence"]
 """How calls and rewards of an attempt are put in order.
@@ -135,10 +135,10 @@ def _merge(twins: list[Span], tree: CallTree) -> LLMCall:
         data = ordered[0]
         structural = others[0] if others else data
         # Later updates win: data_attrs prefers the proxy's values, struct_attrs the hook's.
-        data_attrs = {}
+        data_attrs: Attributes = {}
         for twin in reversed(ordered):
             data_attrs.update(twin.attributes)
-        struct_attrs = {}
+        struct_attrs: Attributes = {}
         for twin in [*proxies, *reversed(others)]:
             struct_attrs.update(twin.attributes)
         failed = any(twin.status.code == "ERROR" for twin in twins)

@@ -176,7 +176,7 @@ def build_call_tree(spans: Sequence[Span]) -> CallTree:
     """
     by_id = {span.span_id: span for span in spans}
     if len(by_id) != len(spans):
-        by_id = {}
+        by_id: dict[str, Span] = {}
         for span in spans:
             existing = by_id.get(span.span_id)
             if existing is None or span.sequence_id > existing.sequence_id:

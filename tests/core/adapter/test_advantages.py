@@ -147,3 +147,16 @@ def test_core_adapter_does_not_import_torch_or_numpy() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_fast_rows_equal_validated_transitions() -> None:
+    from agentlightning.adapter._rows import new_transition, with_updates
+
+    values = rollout_rows("r1", "g", 1, 1.0)[0].model_dump()
+    fast = new_transition(dict(values))
+    assert fast == Transition.model_validate(values)
+    assert Transition.model_validate_json(fast.model_dump_json()) == fast
+    updated = with_updates(fast, {"advantage": 0.25})
+    assert updated.advantage == 0.25 and fast.advantage is None
+    updated.reward = 2.0  # assignment on one row leaves the other alone
+    assert fast.reward == 1.0 and fast.model_fields_set == set(Transition.model_fields)
