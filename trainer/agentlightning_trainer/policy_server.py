@@ -314,8 +314,11 @@ class PolicyServerProcess:
             "--spec", str(spec_file), "--weights", str(self.weights), "--version", str(self.version),
             "--port", str(self.port), "--seed", str(self.seed), "--threads", str(self.threads),
         ]  # fmt: skip
-        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115 - child owns it
-        self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        if self.log_file is not None:
+            with open(self.log_file, "ab") as out:  # the child keeps its own copy of the descriptor
+                self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        else:
+            self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
