@@ -187,10 +187,12 @@ class LightningCallbackHandler(BaseCallbackHandler):
     ) -> None:
         """Close the LLM span with output messages, tool calls, usage, finish reasons and the response id."""
         try:
-            run = self._run(run_id)
+            run = self._pop(run_id)
             if run is not None:
-                run.span.set_attributes(result_attributes(response))
-            self._end(run_id, None)
+                try:
+                    run.span.set_attributes(result_attributes(response))
+                finally:
+                    run.span.end()  # a span we failed to complete is still closed and delivered
         except Exception as error:
             self._failed("on_llm_end", error)
 
@@ -224,10 +226,12 @@ class LightningCallbackHandler(BaseCallbackHandler):
     def on_tool_end(self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         """Close the tool span with the tool's result."""
         try:
-            run = self._run(run_id)
+            run = self._pop(run_id)
             if run is not None:
-                run.span.set_attribute(semconv.GEN_AI_TOOL_CALL_RESULT, tool_result_text(output))
-            self._end(run_id, None)
+                try:
+                    run.span.set_attribute(semconv.GEN_AI_TOOL_CALL_RESULT, tool_result_text(output))
+                finally:
+                    run.span.end()  # a span we failed to complete is still closed and delivered
         except Exception as error:
             self._failed("on_tool_end", error)
 
@@ -256,9 +260,11 @@ class LightningCallbackHandler(BaseCallbackHandler):
             return node
         return None
 
-    def _run(self, run_id: UUID) -> _Run | None:
+    def _pop(self, run_id: UUID) -> _Run | None:
+        """Forget ``run_id``; returns its run if it owns a span (None if unknown or an alias of an ancestor)."""
         with self._lock:
-            return self._runs.get(run_id)
+            run = self._runs.pop(run_id, None)
+        return run if run is not None and run.run_id == run_id else None
 
     def _open(
         self,
@@ -407,10 +413,8 @@ class LightningCallbackHandler(BaseCallbackHandler):
         )
 
     def _end(self, run_id: UUID, error: BaseException | None) -> None:
-        with self._lock:
-            run = self._runs.pop(run_id, None)
-        if run is None or run.run_id != run_id:
-            # Unknown (started before the handler was attached) or an alias of an ancestor's span.
+        run = self._pop(run_id)
+        if run is None:
             return
         span = run.span
         if error is not None and not _is_control_flow(error):

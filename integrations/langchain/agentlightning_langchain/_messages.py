@@ -34,9 +34,14 @@ _ROLES: Mapping[str, str] = {
 _GENERATED_ID_PREFIXES = ("lc_run-", "run-")
 
 
+# One encoder for the process: json.dumps with options builds a new encoder per call, a measurable part of the
+# per-call budget (bench/integration_langchain.py).
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=str)
+
+
 def to_json(value: Any) -> str:
     """Compact JSON for a span attribute; objects JSON cannot encode fall back to ``str``."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    return _ENCODER.encode(value)
 
 
 def _tool_calls(message: AIMessage) -> list[dict[str, Any]]:
