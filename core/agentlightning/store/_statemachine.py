@@ -104,6 +104,13 @@ def attempt_not_found(rollout_id: str, attempt_id: str, known: Iterable[str]) ->
     return NotFoundError(f"rollout {rollout_id} has no attempt {attempt_id!r}; its attempts are: {has}")
 
 
+def span_attempt_not_found(txn: StoreTxn, rollout_id: str, attempt_id: str) -> NotFoundError:
+    """The error for a span naming an attempt that does not exist (or a rollout that does not)."""
+    if txn.get_rollout(rollout_id) is None:
+        return NotFoundError(f"span names an unknown attempt: {rollout_not_found(rollout_id)}")
+    return attempt_not_found(rollout_id, attempt_id, (a.attempt_id for a in txn.list_attempts(rollout_id)))
+
+
 def _allowed(statuses: Iterable[str]) -> str:
     ordered = sorted(statuses)
     return ", ".join(ordered) if ordered else "none: it is terminal"

@@ -23,6 +23,7 @@ from agentlightning.store._statemachine import (
     op_update_metadata,
     rollout_not_found,
     span_attempt_keys,
+    span_attempt_not_found,
     wait_until,
 )
 from agentlightning.store.base import LightningStore, NotFoundError, SortOrder, StoreStatistics
@@ -203,9 +204,7 @@ class InMemoryLightningStore(LightningStore):
             for rollout_id, attempt_id in keys:
                 attempt = self._txn.get_attempt(rollout_id, attempt_id)
                 if attempt is None:
-                    if rollout_id not in self._rollouts:
-                        raise NotFoundError(f"span names an unknown attempt: {rollout_not_found(rollout_id)}")
-                    raise attempt_not_found(rollout_id, attempt_id, (a.attempt_id for a in self._attempts[rollout_id]))
+                    raise span_attempt_not_found(self._txn, rollout_id, attempt_id)
                 attempts[(rollout_id, attempt_id)] = attempt
             stored: list[Span] = []
             for span in spans:

@@ -44,6 +44,7 @@ from agentlightning.store._statemachine import (
     op_update_metadata,
     rollout_not_found,
     span_attempt_keys,
+    span_attempt_not_found,
     wait_until,
 )
 from agentlightning.store.base import LightningStore, NotFoundError, SortOrder, StoreError, StoreStatistics
@@ -313,10 +314,11 @@ class SqliteLightningStore(LightningStore):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
+                conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:  # a failed COMMIT leaves it open
+                    conn.execute("ROLLBACK")
                 raise
-            conn.execute("COMMIT")
 
     @contextlib.contextmanager
     def _read(self) -> Generator[sqlite3.Connection]:
@@ -394,11 +396,7 @@ class SqliteLightningStore(LightningStore):
                     (attempt_id, rollout_id),
                 ).fetchone()
                 if row is None:
-                    if self._txn.get_rollout(rollout_id) is None:
-                        raise NotFoundError(f"span names an unknown attempt: {rollout_not_found(rollout_id)}")
-                    raise attempt_not_found(
-                        rollout_id, attempt_id, (a.attempt_id for a in self._txn.list_attempts(rollout_id))
-                    )
+                    raise span_attempt_not_found(self._txn, rollout_id, attempt_id)
                 state[attempt_id] = list(row)
             existing = self._existing_spans(conn, spans)
             stored: list[Span] = []
@@ -411,17 +409,8 @@ class SqliteLightningStore(LightningStore):
                     entry[1] += 1
                     found = span.model_copy(update={"sequence_id": entry[1]})
                     existing[key] = found
-                    rows.append(
-                        (
-                            span.rollout_id,
-                            entry[0],
-                            entry[1],
-                            span.attempt_id,
-                            span.span_id,
-                            span.name,
-                            found.__pydantic_serializer__.to_json(found),
-                        )
-                    )
+                    data = found.__pydantic_serializer__.to_json(found)
+                    rows.append((span.rollout_id, entry[0], entry[1], span.attempt_id, span.span_id, span.name, data))
                 stored.append(found)
             conn.executemany(
                 "INSERT INTO spans (rollout_id, attempt_seq, sequence_id, attempt_id, span_id, name, data) "

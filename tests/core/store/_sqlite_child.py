@@ -23,10 +23,10 @@ def barrier(ready_dir: str, children: int) -> None:
         time.sleep(0.005)
 
 
-async def claim(db: str) -> None:
-    store = SqliteLightningStore(db)
+async def claim(store: SqliteLightningStore) -> None:
     while (claimed := await store.claim_rollout(f"pid-{os.getpid()}")) is not None:
         print(claimed.rollout.rollout_id, flush=True)
+        await asyncio.sleep(0.001)  # a runner works between claims; lets the other processes interleave
     await store.close()
 
 
@@ -52,7 +52,8 @@ async def spans(db: str, rollout_id: str, attempt_id: str, synchronous: str) -> 
 
 if __name__ == "__main__":
     if sys.argv[1] == "claim":
+        opened = SqliteLightningStore(sys.argv[2])
         barrier(sys.argv[3], int(sys.argv[4]))
-        asyncio.run(claim(sys.argv[2]))
+        asyncio.run(claim(opened))
     else:
         asyncio.run(spans(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]))

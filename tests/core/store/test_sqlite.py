@@ -85,7 +85,7 @@ async def test_non_json_input_is_refused_and_nothing_written(tmp_path: Path) -> 
 def test_claimers_in_separate_processes_never_share(tmp_path: Path) -> None:
     db = str(tmp_path / "procs.db")
     store = SyncLightningStore(SqliteLightningStore(db))
-    rollouts = store.enqueue_rollouts([RolloutRequest(input=i) for i in range(90)])
+    rollouts = store.enqueue_rollouts([RolloutRequest(input=i) for i in range(150)])
     ready = tmp_path / "ready"
     ready.mkdir()
     children = [
@@ -95,11 +95,11 @@ def test_claimers_in_separate_processes_never_share(tmp_path: Path) -> None:
     outputs = [child.communicate(timeout=60)[0].split() for child in children]
     assert all(child.returncode == 0 for child in children)
     claimed = [rid for out in outputs for rid in out]
-    assert len(claimed) == len(set(claimed)) == 90
+    assert len(claimed) == len(set(claimed)) == 150
     assert set(claimed) == {r.rollout_id for r in rollouts}
     # Claims interleaved: more than one process got work (they started together behind a barrier).
     assert sum(1 for out in outputs if out) >= 2
-    assert store.statistics().attempts_by_status == {"preparing": 90}
+    assert store.statistics().attempts_by_status == {"preparing": 150}
     store.close()
 
 
