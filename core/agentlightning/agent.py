@@ -10,7 +10,7 @@ A rollout function receives the task as its first positional parameter and, by p
 
 It may be sync (the runner runs it in a thread) or async, and returns one of:
 
-* a number — the rollout's reward (one dimension, ``reward``);
+* a number — the rollout's reward (emitted as ``emit_reward(number)``: one dimension);
 * a dict of reward dimensions, e.g. ``{"accuracy": 1.0, "brevity": 0.3}``. The first key is the primary dimension
   unless the dict holds ``"primary": "<name>"`` naming another one;
 * ``None`` — the agent emitted its rewards itself with :func:`agentlightning.emit.emit_reward`.
@@ -33,6 +33,8 @@ from agentlightning.types import LLM, Attempt, Resource, ResourcesSnapshot, Roll
 
 # Parameter names the runner fills from the rollout itself rather than from the resources snapshot.
 _CONTEXT_PARAMETERS = ("rollout", "attempt", "resources")
+# The dimension name emit_reward gives a plain number (emit.DEFAULT_REWARD_DIMENSION; not imported: OTel is heavy).
+_SCALAR = "value"
 # The dict key that names the primary reward dimension instead of being one.
 PRIMARY_KEY = "primary"
 
@@ -96,7 +98,7 @@ def normalize_reward(returned: object) -> Reward | None:
             f"the agent returned {returned!r} ({type(returned).__name__}); a rollout function returns a float "
             "reward, a dict of reward dimensions, or None (rewards emitted with emit_reward)"
         )
-    return Reward({"reward": _finite("reward", returned, returned)}, "reward")
+    return Reward({_SCALAR: _finite(_SCALAR, returned, returned)}, _SCALAR)
 
 
 def _attempt_llm(llm: LLM, rollout: Rollout, attempt: Attempt) -> LLM:

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from agentlightning.types import Span
 
 T = TypeVar("T")
+# Only free text wraps: ids are copied into other commands and short fields are unreadable when broken.
+_WRAPPING_COLUMNS = frozenset({"last error", "name", "attributes"})
 # Same variable as agentlightning.server.TOKEN_ENV; not imported from there to keep `agl --help` free of FastAPI.
 TOKEN_ENV = "AGENTLIGHTNING_TOKEN"
 
@@ -219,7 +221,7 @@ def _format_time(ns: int | None) -> str:
 
     if ns is None:
         return "-"
-    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.datetime.fromtimestamp(ns / 1e9, tz=datetime.UTC).strftime("%m-%d %H:%M:%S")
 
 
 @app.command("rollouts")
@@ -243,8 +245,8 @@ def rollouts_command(
             limit=limit,
         )
         table = Table(title=f"rollouts in {store} (newest {limit})")
-        for column in ("rollout", "status", "mode", "attempts", "reward", "enqueued (UTC)", "last error"):
-            table.add_column(column, overflow="fold")
+        for column in ("rollout", "status", "mode", "attempts", "reward", "enqueued UTC", "last error"):
+            table.add_column(column, overflow="fold", no_wrap=column not in _WRAPPING_COLUMNS)
         for rollout in rollouts:
             attempts = await s.query_attempts(rollout.rollout_id)
             reward = await rollout_reward(s, rollout.rollout_id)
@@ -289,12 +291,14 @@ def spans_command(
 
     async def work(s: LightningStore) -> Table:
         spans = await s.query_spans(rollout_id, None if attempt == "all" else attempt, limit=limit)
-        table = Table(title=f"spans of {rollout_id} ({attempt} attempt{'s' if attempt == 'all' else ''})")
-        for column in ("seq", "attempt", "name", "span", "parent", "ms", "attributes"):
-            table.add_column(column, overflow="fold")
+        every = attempt == "all"
+        table = Table(title=f"spans of {rollout_id} ({'all attempts' if every else attempt + ' attempt'})")
+        columns = ["seq", "attempt", "name", "span", "parent", "ms", "attributes"]
+        for column in columns if every else [c for c in columns if c != "attempt"]:
+            table.add_column(column, overflow="fold", no_wrap=column not in _WRAPPING_COLUMNS)
         for span in spans:
             duration = span.duration_s
-            table.add_row(
+            cells = [
                 str(span.sequence_id),
                 span.attempt_id,
                 span.name,
@@ -302,7 +306,8 @@ def spans_command(
                 span.parent_id or "-",
                 "-" if duration is None else f"{duration * 1000:.1f}",
                 _span_summary(span),
-            )
+            ]
+            table.add_row(*(cells if every else cells[:1] + cells[2:]))
         return table
 
     try:

@@ -312,6 +312,12 @@ class Runner:
                     status, error = "failed", describe_exception(exc)
                     logger.info("rollout %s attempt %s failed: %s", rollout.rollout_id, attempt.attempt_id, error)
                     self._emit_exception(exc)
+        except asyncio.CancelledError:
+            # The runner itself is being torn down mid-attempt: say so now rather than leave the attempt to the
+            # watchdog, then let the cancellation continue.
+            error = "RunnerStopped: the runner was cancelled while the agent was running"
+            await asyncio.shield(self._finish(rollout, attempt, worker_id, "failed", error))
+            raise
         finally:
             heartbeat.cancel()
         if self._flusher is not None and not await self._flusher.flush():
@@ -336,7 +342,7 @@ class Runner:
             return
         from agentlightning.emit import emit_reward
 
-        if len(reward.dimensions) == 1:
+        if isinstance(returned, int | float):
             emit_reward(reward.value)
         else:
             emit_reward(reward.dimensions, primary=reward.primary)

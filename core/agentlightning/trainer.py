@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from agentlightning.agent import LitAgent
     from agentlightning.types import Transition
 
+# Ids are copied from this table into `agl spans`: never break them across lines.
+_ID_COLUMNS = frozenset({"rollout"})
 Role = Literal["algorithm", "runner", "both"]
 StoreSpec = LightningStore | str | os.PathLike[str] | None
 _ROLES: tuple[Role, ...] = ("algorithm", "runner", "both")
@@ -271,7 +273,7 @@ def _print_dev(console: Console, rows: list[DevRow]) -> None:
 
     table = Table(title="agl dev: what the trainer would see")
     for column in ("rollout", "status", "spans", "rewards", "final reward", "transitions", "with token ids", "error"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=column in _ID_COLUMNS)
     for row in rows:
         colour = "green" if row.status == "succeeded" else "red"
         table.add_row(

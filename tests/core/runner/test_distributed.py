@@ -25,11 +25,11 @@ from tests.core.runner.test_runner import assert_each_finished_once
 REPO = Path(__file__).resolve().parents[3]
 
 
-def spawn_runner(url: str, agent: str, worker_id: str, workers: int = 4) -> subprocess.Popen[bytes]:
+def spawn_runner(url: str, agent: str, worker_id: str, workers: int = 4, processes: int = 1) -> subprocess.Popen[bytes]:
     """`agl runner` in a fresh interpreter, importing the test agents from the repository root."""
     command = [sys.executable, "-m", "agentlightning.cli", "runner", "--store", url]
     command += ["--agent", f"tests.core.runner.agents:{agent}", "--workers", str(workers)]
-    command += ["--heartbeat-interval", "0.2", "--worker-id", worker_id, "--quiet"]
+    command += ["--processes", str(processes), "--heartbeat-interval", "0.2", "--worker-id", worker_id, "--quiet"]
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
@@ -50,17 +50,17 @@ async def test_200_rollouts_across_2_runner_processes_over_http(
         client = LightningStoreClient(server.url)
         try:
             rollouts = await client.enqueue_rollouts([RolloutRequest(input={"i": i}) for i in range(200)])
-            processes += [spawn_runner(server.url, "counting", f"proc{p}", workers=8) for p in range(2)]
+            # One `agl runner --processes 2`: the parent starts two runner processes and forwards SIGTERM to them.
+            parent = spawn_runner(server.url, "counting", "fleet", workers=8, processes=2)
+            processes.append(parent)
             done = await client.wait_for_rollouts([r.rollout_id for r in rollouts], timeout_s=60)
             assert len(done) == 200
-            for process in processes:
-                process.send_signal(signal.SIGTERM)
-            for process in processes:
-                out, _ = process.communicate(timeout=20)
-                assert process.returncode == 0, out.decode()
+            parent.send_signal(signal.SIGTERM)
+            out, _ = parent.communicate(timeout=20)
+            assert parent.returncode == 0, out.decode()
             await assert_each_finished_once(client, 200)
             attempts = [a for r in rollouts for a in await client.query_attempts(r.rollout_id)]
-            assert {(a.worker_id or "").split("-")[0] for a in attempts} == {"proc0", "proc1"}
+            assert {(a.worker_id or "").rsplit("-", 1)[0] for a in attempts} == {"fleet-p0", "fleet-p1"}
         finally:
             await client.close()
 
