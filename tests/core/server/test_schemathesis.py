@@ -7,6 +7,7 @@ from pathlib import Path
 import schemathesis
 from hypothesis import HealthCheck, given, settings, strategies as st
 from schemathesis.core.errors import UnsupportedSchema
+from schemathesis.core.result import Ok
 
 from agentlightning.server import create_app
 from agentlightning.store import SqliteLightningStore
@@ -24,7 +25,7 @@ async def test_no_operation_answers_5xx(tmp_path: Path) -> None:
     # A short wait cap: fuzzed claim/wait timeouts must not stretch the run.
     app = create_app(store, max_wait_s=0.05, max_body_bytes=256 * 1024, max_spans_per_request=100)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
-    operations = [result.ok() for result in schema.get_all_operations()]
+    operations = [result.ok() for result in schema.get_all_operations() if isinstance(result, Ok)]
     assert len(operations) >= 20
     failures: list[str] = []
 
@@ -50,7 +51,7 @@ def _fuzz(cases: st.SearchStrategy[schemathesis.Case], failures: list[str]) -> N
         deadline=None,
         database=None,
         derandomize=True,  # the same inputs every run: a failure here is reproducible, never flaky
-        suppress_health_check=list(HealthCheck),
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
     )
     def fuzz(case: schemathesis.Case) -> None:
         response = case.call()  # the ASGI app runs on schemathesis' own thread and loop
