@@ -10,7 +10,13 @@ from typing import Any, cast
 
 from agentlightning.adapter._rows import new_transition, with_updates
 from agentlightning.adapter.calls import EventOrder, LLMCall, scan_attempt
-from agentlightning.adapter.credit import CreditStrategy, RewardEvent, assign_credit, find_reward_events
+from agentlightning.adapter.credit import (
+    CreditStrategy,
+    RewardEvent,
+    assign_credit,
+    find_reward_events,
+    resolve_credit_strategy,
+)
 from agentlightning.adapter.selection import AgentSelector, AgentSpec
 from agentlightning.adapter.tree import CallTree, build_call_tree
 from agentlightning.types import Rollout, Span, Transition
@@ -57,8 +63,6 @@ class TraceAdapter:
         include_messages: bool = True,
     ) -> None:
         """Configure the adapter; a bad ``credit`` name or ``gamma`` fails here, before any rollout is read."""
-        from agentlightning.adapter.credit import resolve_credit_strategy
-
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"gamma must be within [0, 1]; got {gamma}")
         if order not in ("time", "sequence"):
