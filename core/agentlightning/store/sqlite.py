@@ -20,7 +20,6 @@ Schema: versioned in code (:data:`MIGRATIONS`, applied in order, recorded in ``s
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sqlite3
 import threading
@@ -30,6 +29,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from agentlightning.store._sqlite_schema import CHUNK, MIGRATIONS, SELECT_ROLLOUT, SqliteTxn, rollout_from_row
 from agentlightning.store._statemachine import (
     ChangeNotifier,
     attempt_not_found,
@@ -56,176 +56,18 @@ from agentlightning.types import (
     Resource,
     ResourcesSnapshot,
     Rollout,
-    RolloutConfig,
     RolloutMode,
     RolloutRequest,
     RolloutStatus,
     Span,
 )
 
-# (version, description, SQL statements separated by ";"). Append new migrations; never edit a released one.
-MIGRATIONS: Final[tuple[tuple[int, str, str], ...]] = (
-    (
-        1,
-        "rollouts, attempts, spans, resources",
-        """
-        CREATE TABLE rollouts (
-            seq INTEGER PRIMARY KEY AUTOINCREMENT, rollout_id TEXT NOT NULL UNIQUE, status TEXT NOT NULL,
-            mode TEXT, group_id TEXT, resources_id TEXT, input BLOB NOT NULL, config BLOB NOT NULL,
-            metadata BLOB NOT NULL, enqueue_time INTEGER NOT NULL, start_time INTEGER, end_time INTEGER,
-            num_attempts INTEGER NOT NULL);
-        -- partial index in enqueue order: a claim reads its first row instead of sorting the queue
-        CREATE INDEX rollouts_claimable ON rollouts(seq) WHERE status IN ('queuing', 'requeuing');
-        CREATE INDEX rollouts_status ON rollouts(status);
-        CREATE INDEX rollouts_group ON rollouts(group_id);
-        CREATE TABLE attempts (
-            rollout_id TEXT NOT NULL, attempt_id TEXT NOT NULL UNIQUE, sequence_id INTEGER NOT NULL,
-            status TEXT NOT NULL, worker_id TEXT, start_time INTEGER NOT NULL, end_time INTEGER,
-            last_heartbeat_time INTEGER, error TEXT, resources_id TEXT, span_count INTEGER NOT NULL DEFAULT 0,
-            PRIMARY KEY (rollout_id, sequence_id));
-        CREATE INDEX attempts_live ON attempts(status) WHERE status IN ('preparing', 'running');
-        CREATE TABLE spans (
-            id INTEGER PRIMARY KEY, rollout_id TEXT NOT NULL, attempt_seq INTEGER NOT NULL,
-            sequence_id INTEGER NOT NULL, attempt_id TEXT NOT NULL, span_id TEXT NOT NULL, name TEXT NOT NULL,
-            data BLOB NOT NULL);
-        CREATE UNIQUE INDEX spans_order ON spans(rollout_id, attempt_seq, sequence_id);
-        CREATE UNIQUE INDEX spans_key ON spans(attempt_id, span_id);
-        CREATE TABLE resources (version INTEGER PRIMARY KEY, resources_id TEXT NOT NULL UNIQUE, data BLOB NOT NULL)
-        """,
-    ),
-)
-
-_ROLLOUT_FIELDS: Final = (
-    "rollout_id", "status", "mode", "group_id", "resources_id", "input", "config", "metadata", "enqueue_time",
-    "start_time", "end_time", "num_attempts",
-)  # fmt: skip
-_ATTEMPT_FIELDS: Final = (
-    "rollout_id", "attempt_id", "sequence_id", "status", "worker_id", "start_time", "end_time",
-    "last_heartbeat_time", "error", "resources_id",
-)  # fmt: skip
-_ROLLOUT_COLUMNS: Final = ", ".join(_ROLLOUT_FIELDS)
-_ATTEMPT_COLUMNS: Final = ", ".join(_ATTEMPT_FIELDS)
-_SELECT_ROLLOUT: Final = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts"
-_SELECT_ATTEMPT: Final = f"SELECT {_ATTEMPT_COLUMNS} FROM attempts"
-_CHUNK: Final = 500  # bound parameters per IN (...) query, well under SQLite's limit
-
 # Stores on the same file in one process share a notifier, so a waiting claim wakes at once; other processes'
 # changes are seen by polling every POLL_S.
 _NOTIFIERS: dict[str, ChangeNotifier] = {}
 _NOTIFIERS_LOCK = threading.Lock()
 POLL_S: Final = 0.02
-
-
-@functools.lru_cache(maxsize=1024)
-def _config(raw: bytes) -> RolloutConfig:
-    """Parse a stored RolloutConfig; configs are frozen and few, so parsed ones are shared."""
-    return RolloutConfig.model_validate_json(raw)
-
-
-def _dumps(value: Any, what: str) -> bytes:
-    try:
-        return orjson.dumps(value)
-    except TypeError as exc:
-        raise ValueError(f"{what} must be JSON-serialisable to be stored in SQLite: {exc}") from exc
-
-
-def _rollout(row: tuple[Any, ...]) -> Rollout:
-    # model_construct: every row was validated on its way in.
-    fields = dict(zip(_ROLLOUT_FIELDS, row, strict=True))
-    fields["input"] = orjson.loads(row[5])
-    fields["config"] = _config(row[6])
-    fields["metadata"] = orjson.loads(row[7])
-    return Rollout.model_construct(**fields)
-
-
-def _attempt(row: tuple[Any, ...]) -> Attempt:
-    return Attempt.model_construct(**dict(zip(_ATTEMPT_FIELDS, row, strict=True)))
-
-
-class _SqliteTxn:
-    """SQL row access for the shared state machine, inside a ``BEGIN IMMEDIATE`` transaction."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
-
-    def get_rollout(self, rollout_id: str) -> Rollout | None:
-        row = self.conn.execute(f"{_SELECT_ROLLOUT} WHERE rollout_id = ?", (rollout_id,)).fetchone()
-        return None if row is None else _rollout(row)
-
-    def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None:
-        rows = [
-            (
-                r.rollout_id,
-                r.status,
-                r.mode,
-                r.group_id,
-                r.resources_id,
-                _dumps(r.input, f"input of rollout {r.rollout_id}"),
-                r.config.__pydantic_serializer__.to_json(r.config),
-                _dumps(r.metadata, f"metadata of rollout {r.rollout_id}"),
-                r.enqueue_time,
-                r.start_time,
-                r.end_time,
-                r.num_attempts,
-            )
-            for r in rollouts
-        ]
-        self.conn.executemany(f"INSERT INTO rollouts ({_ROLLOUT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
-
-    def update_rollout(self, rollout: Rollout) -> None:
-        self.conn.execute(
-            "UPDATE rollouts SET status = ?, metadata = ?, start_time = ?, end_time = ?, num_attempts = ? "
-            "WHERE rollout_id = ?",
-            (
-                rollout.status,
-                _dumps(rollout.metadata, f"metadata of rollout {rollout.rollout_id}"),
-                rollout.start_time,
-                rollout.end_time,
-                rollout.num_attempts,
-                rollout.rollout_id,
-            ),
-        )
-
-    def first_claimable(self) -> Rollout | None:
-        row = self.conn.execute(
-            f"{_SELECT_ROLLOUT} WHERE status IN ('queuing', 'requeuing') ORDER BY seq LIMIT 1"
-        ).fetchone()
-        return None if row is None else _rollout(row)
-
-    def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
-        row = self.conn.execute(
-            f"{_SELECT_ATTEMPT} WHERE attempt_id = ? AND rollout_id = ?", (attempt_id, rollout_id)
-        ).fetchone()
-        return None if row is None else _attempt(row)
-
-    def list_attempts(self, rollout_id: str) -> list[Attempt]:
-        rows = self.conn.execute(f"{_SELECT_ATTEMPT} WHERE rollout_id = ? ORDER BY sequence_id", (rollout_id,))
-        return [_attempt(row) for row in rows]
-
-    def insert_attempt(self, attempt: Attempt) -> None:
-        self.conn.execute(
-            f"INSERT INTO attempts ({_ATTEMPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            tuple(getattr(attempt, field) for field in _ATTEMPT_FIELDS),
-        )
-
-    def update_attempt(self, attempt: Attempt) -> None:
-        self.conn.execute(
-            "UPDATE attempts SET status = ?, end_time = ?, last_heartbeat_time = ?, error = ? WHERE attempt_id = ?",
-            (attempt.status, attempt.end_time, attempt.last_heartbeat_time, attempt.error, attempt.attempt_id),
-        )
-
-    def live_attempts(self) -> list[Attempt]:
-        rows = self.conn.execute(f"{_SELECT_ATTEMPT} WHERE status IN ('preparing', 'running')")
-        return [_attempt(row) for row in rows]
-
-    def resources_exist(self, resources_id: str) -> bool:
-        return (
-            self.conn.execute("SELECT 1 FROM resources WHERE resources_id = ?", (resources_id,)).fetchone() is not None
-        )
-
-    def latest_resources_id(self) -> str | None:
-        row = self.conn.execute("SELECT resources_id FROM resources ORDER BY version DESC LIMIT 1").fetchone()
-        return None if row is None else str(row[0])
+_ANY_CLAIMABLE: Final = "SELECT 1 FROM rollouts WHERE status IN ('queuing', 'requeuing') LIMIT 1"
 
 
 class SqliteLightningStore(LightningStore):
@@ -260,7 +102,7 @@ class SqliteLightningStore(LightningStore):
         self._conn: sqlite3.Connection | None = sqlite3.connect(
             self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
         )
-        self._txn = _SqliteTxn(self._conn)
+        self._txn = SqliteTxn(self._conn)
         with _NOTIFIERS_LOCK:
             self._notifier = _NOTIFIERS.setdefault(os.path.realpath(self.path), ChangeNotifier())
         try:
@@ -334,6 +176,10 @@ class SqliteLightningStore(LightningStore):
         return rollouts
 
     def _claim_now(self, worker_id: str | None) -> ClaimedRollout | None:
+        # A read first: idle runners polling an empty queue must not queue up for the write lock.
+        with self._read() as conn:
+            if conn.execute(_ANY_CLAIMABLE).fetchone() is None:
+                return None
         with self._write():
             return op_claim(self._txn, worker_id, self._clock())
 
@@ -432,8 +278,8 @@ class SqliteLightningStore(LightningStore):
             by_attempt.setdefault(span.attempt_id, []).append(span.span_id)
         found: dict[tuple[str, str], Span] = {}
         for attempt_id, span_ids in by_attempt.items():
-            for i in range(0, len(span_ids), _CHUNK):
-                chunk = span_ids[i : i + _CHUNK]
+            for i in range(0, len(span_ids), CHUNK):
+                chunk = span_ids[i : i + CHUNK]
                 marks = ",".join("?" * len(chunk))
                 rows = conn.execute(
                     f"SELECT span_id, data FROM spans WHERE attempt_id = ? AND span_id IN ({marks})",
@@ -514,14 +360,14 @@ class SqliteLightningStore(LightningStore):
             # json_each keeps any number of ids within SQLite's bound-parameter limit.
             where.append("rollout_id IN (SELECT value FROM json_each(?))")
             params.append(orjson.dumps(list(rollout_ids)).decode())
-        sql = _SELECT_ROLLOUT
+        sql = SELECT_ROLLOUT
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += f" ORDER BY seq {'DESC' if sort == 'desc' else 'ASC'} LIMIT ? OFFSET ?"
         params += [-1 if limit is None else limit, offset]
         with self._read() as conn:
             rows = conn.execute(sql, params).fetchall()
-        return [_rollout(row) for row in rows]
+        return [rollout_from_row(row) for row in rows]
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout, oldest first."""
@@ -533,23 +379,32 @@ class SqliteLightningStore(LightningStore):
     def _terminal(self, rollout_ids: Sequence[str]) -> list[Rollout]:
         with self._read() as conn:
             rows = conn.execute(
-                f"{_SELECT_ROLLOUT} WHERE rollout_id IN (SELECT value FROM json_each(?))",
+                f"{SELECT_ROLLOUT} WHERE rollout_id IN (SELECT value FROM json_each(?))",
                 (orjson.dumps(list(rollout_ids)).decode(),),
             ).fetchall()
         by_id = {row[0]: row for row in rows}
         missing = [rid for rid in rollout_ids if rid not in by_id]
         if missing:
             raise rollout_not_found(missing[0])
-        return [_rollout(by_id[rid]) for rid in rollout_ids if by_id[rid][1] in ROLLOUT_TERMINAL]
+        return [rollout_from_row(by_id[rid]) for rid in rollout_ids if by_id[rid][1] in ROLLOUT_TERMINAL]
+
+    def _all_terminal(self, ids_json: str, count: int) -> bool:
+        """True when all ``count`` distinct rollouts are terminal; counts in SQL so polling parses no rows."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT COUNT(*) FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?)) "
+                "AND status IN ('succeeded', 'failed', 'cancelled')",
+                (ids_json,),
+            ).fetchone()
+        return row[0] == count
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], *, timeout_s: float | None = None) -> list[Rollout]:
         """Wait until every rollout is terminal or the timeout passes; returns the terminal ones."""
+        self._terminal(rollout_ids)  # NotFoundError for unknown ids before any waiting
+        unique = list(dict.fromkeys(rollout_ids))
+        ids_json = orjson.dumps(unique).decode()
         await wait_until(
-            self._notifier,
-            lambda: len(self._terminal(rollout_ids)) == len(rollout_ids),
-            timeout_s,
-            time.monotonic,
-            POLL_S,
+            self._notifier, lambda: self._all_terminal(ids_json, len(unique)), timeout_s, time.monotonic, POLL_S
         )
         return self._terminal(rollout_ids)
 
