@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from agentlightning import semconv
-from agentlightning.adapter import TraceAdapter, build_call_tree, find_llm_calls
+from agentlightning.adapter import TraceAdapter, build_call_tree, find_llm_calls, is_llm_span
 from agentlightning.types import Rollout
 from tests.core.adapter.builders import TraceBuilder
 
@@ -154,3 +154,26 @@ def test_failed_call_is_reported_and_group_falls_back_to_rollout_id() -> None:
     assert find_llm_calls(b.spans)[0].failed
     rows = TraceAdapter().adapt(Rollout(rollout_id="ro-9", input=None, enqueue_time=0), b.spans)
     assert rows[0].group_id == "ro-9"
+
+
+def test_messages_for_text_algorithms_include_system_instructions() -> None:
+    b = TraceBuilder()
+    call = b.llm(source="hook", messages=[{"role": "user", "content": "2+2?"}])
+    b.spans[-1].attributes[semconv.GEN_AI_SYSTEM_INSTRUCTIONS] = '[{"type": "text", "content": "Be brief."}]'
+    b.spans[-1].attributes[semconv.GEN_AI_OUTPUT_MESSAGES] = '"4"'
+    b.reward(1.0)
+    (row,) = TraceAdapter().adapt(ROLLOUT, b.spans)
+    assert row.span_id == call and not row.has_token_ids
+    assert row.prompt_messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    assert row.response_messages == [{"role": "assistant", "content": "4"}]
+    (bare,) = TraceAdapter(include_messages=False).adapt(ROLLOUT, b.spans)
+    assert bare.prompt_messages is None and bare.response_messages is None
+
+
+def test_is_llm_span_and_non_llm_spans_ignored() -> None:
+    b = TraceBuilder()
+    b.tool("search")
+    b.agent("writer")
+    b.llm(prompt=[1], response=[2])
+    assert [is_llm_span(s) for s in b.spans] == [False, False, True]
+    assert len(find_llm_calls(b.spans)) == 1
