@@ -1,4 +1,4 @@
-"""The full HTTP loop: runner → LLM proxy → policy server process → spans with token ids → GRPO → hot-swapped weights."""
+"""The full HTTP loop: runner → proxy → policy server process → spans with token ids → GRPO → hot-swapped weights."""
 
 from __future__ import annotations
 

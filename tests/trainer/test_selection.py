@@ -54,7 +54,7 @@ def _call(rollout_id: str, attempt_id: str, agent: str, prompt: list[int], respo
 async def test_only_the_selected_agents_calls_train() -> None:
     store = InMemoryLightningStore()
     rewards = [1.0, 0.0, 1.0, 0.0]
-    for reward in rewards:
+    for _ in rewards:
         await store.enqueue_rollout({"q": "plan then solve"}, mode="train", group_id="task-1")
     for reward in rewards:
         claimed = await store.claim_rollout("w")

@@ -74,7 +74,7 @@ class MetricsLogger:
             self._writer = SummaryWriter(log_dir=str(log_dir))
         self._mlflow: Any = None
         if importlib.util.find_spec("mlflow") is not None:
-            import mlflow
+            mlflow: Any = importlib.import_module("mlflow")
 
             if mlflow.get_tracking_uri() and not mlflow.active_run():
                 self._mlflow = mlflow
@@ -84,8 +84,7 @@ class MetricsLogger:
             import os
 
             if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE") == "offline":
-                import wandb
-
+                wandb: Any = importlib.import_module("wandb")
                 self._wandb = wandb.init(project="agent-lightning", name=run_name)
         self._progress: Progress | None = None
         self._task: Any = None

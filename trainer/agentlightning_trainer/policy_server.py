@@ -34,7 +34,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from agentlightning.semconv import HEADER_POLICY_VERSION
-from agentlightning_trainer.torch_backend.policy import Policy, PolicySpec
+from agentlightning_trainer.config import PolicySpec
+from agentlightning_trainer.torch_backend.policy import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +179,8 @@ def create_policy_app(
             prompt = policy.tokenizer.encode_chat(body["messages"])
         except ValueError as exc:
             return _error(400, str(exc), "invalid_messages")
-        temperature = float(body.get("temperature") if body.get("temperature") is not None else 1.0)
+        raw_temperature = body.get("temperature")
+        temperature = 1.0 if raw_temperature is None else float(raw_temperature)
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         n = int(body.get("n") or 1)
         if len(prompt) + 1 > policy.max_seq_len:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 from openai import OpenAI
 
 from agentlightning.agent import rollout
@@ -12,7 +11,7 @@ from agentlightning.types import LLM
 from agentlightning_trainer import tool_choice
 
 # One connection pool for every rollout; each rollout only changes the base URL (its own proxy route).
-_CLIENT = OpenAI(base_url="http://127.0.0.1:1/v1", api_key="agent-lightning", http_client=httpx.Client(timeout=120))
+_CLIENT = OpenAI(base_url="http://127.0.0.1:1/v1", api_key="agent-lightning", timeout=120.0, max_retries=0)
 
 
 @rollout

@@ -5,6 +5,7 @@ The tiny GPT is built in code; any Hugging Face causal LM works through a lazy `
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -74,7 +75,7 @@ class _HFWithValueHead(nn.Module):
 
 def _load_hf(name: str) -> tuple[nn.Module, ChatTokenizer, int]:
     try:
-        import transformers
+        transformers: Any = importlib.import_module("transformers")
     except ImportError as exc:
         raise ImportError(
             f"policy kind 'hf' (model {name!r}) needs transformers: pip install transformers "
