@@ -54,8 +54,11 @@ class _Run:
 
 
 def _is_control_flow(error: BaseException) -> bool:
-    # LangGraph signals interrupts and Command(goto=...) handoffs by raising GraphBubbleUp subclasses; they are not
-    # failures. Matched by name so this package does not depend on langgraph.
+    # LangGraph signals interrupts and Command(goto=...) handoffs by raising GraphBubbleUp subclasses, and a caller
+    # that stops iterating graph.stream() early closes it with GeneratorExit: neither is a failure of the agent.
+    # GraphBubbleUp is matched by name so this package does not depend on langgraph.
+    if isinstance(error, GeneratorExit):
+        return True
     return any(cls.__name__ == "GraphBubbleUp" for cls in type(error).__mro__)
 
 

@@ -6,8 +6,8 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import Any, cast
 
 import pytest
 from langchain_core.language_models.fake import FakeListLLM
@@ -317,6 +317,23 @@ def test_interrupt_is_not_an_error(capture: SpanCapture) -> None:
     assert tree(spans) == ["approval", "  invoke_agent ask"]
     assert all(span.status.code != "ERROR" for span in spans)
     assert handler.open_runs == 0
+
+
+def test_stopping_a_stream_early_closes_every_span(capture: SpanCapture) -> None:
+    """A caller that stops iterating graph.stream() leaves no open span and no error status (it is not a failure)."""
+    handler = LightningCallbackHandler()
+    with rollout_context("ro-1", "at-1"):
+        # Pregel.stream is a generator (typed as Iterator); closing it is how a caller stops early.
+        stream = cast(
+            Generator[Any],
+            build_team(*team_models()).stream(team_input(), {"callbacks": [handler]}, stream_mode="messages"),
+        )
+        next(stream)
+        stream.close()
+    assert handler.open_runs == 0
+    spans = capture.spans()
+    assert tree(spans) == ["team", "  invoke_agent planner", "    chat ScriptedChatModel"]
+    assert all(span.status.code == "UNSET" for span in spans)
 
 
 class _BrokenTracer(NoOpTracer):

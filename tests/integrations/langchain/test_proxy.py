@@ -65,8 +65,10 @@ def rig() -> Iterator[_Rig]:
 # id of a streamed Chat Completions call. The Responses API keeps it (``response_metadata["id"]``) in both modes.
 _CHAT_STREAM_LOSES_ID = pytest.mark.xfail(
     strict=True,
-    reason="langchain-openai discards the streamed chat.completion id; joining these twins needs an adapter "
-    "fallback (a proxy span of the same attempt that starts inside the hook span, no response id on the hook)",
+    reason="langchain-openai discards the streamed chat.completion id, so the hook span has none. Fix in the "
+    "proxy (copy the completion id into each streamed choices[i].delta.id: langchain-openai keeps delta ids as "
+    "the message id) or in the adapter (join a hook span without response id to the proxy span of the same "
+    "attempt that starts inside it)",
 )
 
 
