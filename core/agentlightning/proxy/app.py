@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,6 +30,7 @@ from agentlightning.proxy._record import (
     strip_responses,
 )
 from agentlightning.proxy._sse import split_events
+from agentlightning.proxy._transport import LeanHTTPTransport
 from agentlightning.proxy._writer import SpanWriter
 from agentlightning.store.base import LightningStore, NotFoundError
 
@@ -197,7 +199,10 @@ class LLMProxy:
         self.writer = SpanWriter(store, batch_size=span_batch_size)
         self._api_key = upstream_api_key
         self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+        self._extensions: dict[str, Any] = {"timeout": self._timeout.as_dict()}
+        self._urls: dict[str, httpx.URL] = {}
         self._client: httpx.AsyncClient | None = None
+        self._transport: httpx.AsyncBaseTransport | None = None
         self._known: dict[tuple[str, str], float] = {}
         self._ttl = id_cache_ttl_s
         # What to add per endpoint; turned off for good when the upstream rejects a field by name.
@@ -210,16 +215,35 @@ class LLMProxy:
     def client(self) -> httpx.AsyncClient:
         """The pooled upstream client, created in the serving loop on first use."""
         if self._client is None:
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
-            self._client = httpx.AsyncClient(timeout=self._timeout, limits=limits)
+            self._client = httpx.AsyncClient(timeout=self._timeout, transport=self.transport)
         return self._client
+
+    @property
+    def transport(self) -> httpx.AsyncBaseTransport:
+        """The client's connection pool: lean HTTP/1.1 for ``http://`` upstreams, httpx's own for ``https://``."""
+        if self._transport is None:
+            if self.upstream.startswith("http://"):
+                self._transport = LeanHTTPTransport()
+            else:
+                limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+                nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+                self._transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=nodelay)
+        return self._transport
+
+    def _url(self, path: str) -> httpx.URL:
+        url = self._urls.get(path)
+        if url is None:
+            url = self._urls[path] = httpx.URL(self.upstream + path)
+        return url
 
     async def aclose(self) -> None:
         """Write every pending span, then close the upstream connections."""
         await self.writer.aclose()
         if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+            await self._client.aclose()  # closes the transport too
+        elif self._transport is not None:
+            await self._transport.aclose()
+        self._client = self._transport = None
 
     # --- attribution ---------------------------------------------------------------------------------------------
     async def attribute(self, request: Request) -> tuple[str, str] | Response | None:
@@ -334,8 +358,12 @@ class LLMProxy:
         stream = bool(body.get("stream"))
         while True:
             try:
-                upstream_request = self.client.build_request("POST", url, content=content or raw, headers=headers)
-                response = await self.client.send(upstream_request, stream=True)
+                # Straight to the client's pooled transport: the client's auth/redirect/cookie steps are not needed
+                # on this path and cost measurable time on every call.
+                upstream_request = httpx.Request(
+                    "POST", self._url(path), content=content or raw, headers=headers, extensions=self._extensions
+                )
+                response = await self.transport.handle_async_request(upstream_request)
             except httpx.HTTPError as exc:
                 message = f"the LLM proxy could not reach the upstream {url}: {exc!r}"
                 if record is not None:

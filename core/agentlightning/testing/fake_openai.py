@@ -521,7 +521,9 @@ class FakeOpenAIServer:
 @contextmanager
 def _serve_in_thread(app: Any, host: str, port: int) -> Generator[str]:
     """Run an ASGI app with uvicorn on a background thread; yields its ``http://host:port`` root."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted sockets only then; without it Nagle +
+    # delayed ACK add ~40 ms to every response uvicorn writes in two sends.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound_port = sock.getsockname()[1]

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from agentlightning import semconv as sc
+from agentlightning.store.memory import InMemoryLightningStore
 from agentlightning.testing import FakeError, FakeOpenAI, FakeReply
 from tests.core.proxy.conftest import ProxyRig
 
@@ -105,3 +106,12 @@ def test_client_disconnect_mid_stream_still_records_the_span(make_rig: Callable[
     [span] = spans
     assert span.status.code == "ERROR" and "disconnected" in (span.status.message or "")
     assert span.attributes[sc.PROMPT_TOKEN_IDS]  # what arrived before the cut is kept
+
+
+def test_serve_proxy_needs_exactly_one_store() -> None:
+    from agentlightning.proxy import serve_proxy
+
+    with pytest.raises(ValueError, match="exactly one store"):
+        serve_proxy(upstream="http://127.0.0.1:1/v1")
+    with pytest.raises(ValueError, match="must start with http"):
+        serve_proxy(upstream="127.0.0.1:1", store=InMemoryLightningStore())
