@@ -62,6 +62,8 @@ from agentlightning.types import (
     Span,
 )
 
+__all__ = ["MIGRATIONS", "SqliteLightningStore"]
+
 # Stores on the same file in one process share a notifier, so a waiting claim wakes at once; other processes'
 # changes are seen by polling every POLL_S.
 _NOTIFIERS: dict[str, ChangeNotifier] = {}
