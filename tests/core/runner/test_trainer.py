@@ -94,3 +94,31 @@ async def test_algorithm_and_runner_roles_share_a_store_over_http() -> None:
     assert algorithm.statuses == ["succeeded"] * 12
     assert models == ["policy-v1"] * 12
     assert runner_side.runner_stats is not None and runner_side.runner_stats.succeeded == 12
+
+
+def test_dev_shows_transitions_of_calls_through_the_proxy() -> None:
+    from agentlightning.proxy import ProxyServer
+    from agentlightning.testing import FakeOpenAI
+
+    async def agent(task: dict[str, str], llm: LLM) -> float:
+        import httpx
+
+        async with httpx.AsyncClient() as client:
+            response = await client.post(
+                f"{llm.base_url}/chat/completions",
+                json={"model": llm.model, "messages": [{"role": "user", "content": task["q"]}]},
+            )
+        answer = response.json()["choices"][0]["message"]["content"]
+        return 1.0 if answer == "4" else 0.0
+
+    store = InMemoryLightningStore()
+    with FakeOpenAI(reply="4").serve() as upstream, ProxyServer(store, upstream.base_url) as proxy:
+        asyncio.run(store.add_resources({"llm": LLM(base_url=proxy.url, model="fake-model", proxied=True)}))
+        console, out = quiet_console()
+        rows = Trainer(store=store, n_runners=2, console=console).dev(agent, [{"q": "2+2?"}, {"q": "3+1?"}])
+
+    assert [(r.status, r.final_reward, r.transitions, r.transitions_with_token_ids) for r in rows] == [
+        ("succeeded", 1.0, 1, 1),
+        ("succeeded", 1.0, 1, 1),
+    ]
+    assert "no transitions" not in out.getvalue()
