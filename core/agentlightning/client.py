@@ -204,9 +204,19 @@ class LightningStoreClient(LightningStore):
     # --- spans ---------------------------------------------------------------------------------------------------
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
         """Store spans (one transaction, idempotent) and return them with their ``sequence_id``."""
-        body = b'{"spans":' + m.SPANS.dump_json(list(spans)) + b"}"
-        response = await self._request("POST", "/v1/spans", body=body)
-        return m.SPANS.validate_json(response.content)
+        sent = list(spans)
+        body = b'{"spans":' + m.SPANS.dump_json(sent) + b"}"
+        response = await self._request("POST", "/v1/spans", body=body, params={"response": "sequence_ids"})
+        # The server answers a sequence id for each span stored as sent, so the spans are not parsed back here.
+        answer: list[Any] = orjson.loads(response.content)
+        if len(answer) != len(sent):
+            raise StoreError(
+                f"store server answered {len(answer)} items for {len(sent)} spans; is it the same version?"
+            )
+        return [
+            span.model_copy(update={"sequence_id": item}) if isinstance(item, int) else Span.model_validate(item)
+            for span, item in zip(sent, answer, strict=True)
+        ]
 
     async def query_spans(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Final
@@ -89,6 +90,15 @@ class _ClaimWaker:
         event.set()
 
 
+def _no_native_telemetry() -> dict[str, Any]:
+    # FastAPI >= 0.16x traces its own requests through the *global* OpenTelemetry provider. In a process whose
+    # provider ships spans to this store (a runner embedding the server), each store request would then produce a
+    # span that is sent to the store, and so on. The store has its own metrics; older FastAPI lacks the option.
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
+        return {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    return {}
+
+
 def _json(adapter: Any, value: Any) -> Response:
     # Serialised straight to bytes by pydantic-core; FastAPI's response_model only documents the shape.
     return Response(adapter.dump_json(value), media_type="application/json")
@@ -112,6 +122,7 @@ def create_app(
     idempotency = IdempotencyCache()
     waker = _ClaimWaker()
     app = FastAPI(
+        **_no_native_telemetry(),
         title="Agent Lightning store",
         version=__version__,
         description="The LightningStore (rollout queue, attempts, spans, resources) over HTTP, and OTLP/HTTP ingest.",
@@ -233,14 +244,25 @@ def create_app(
         return _json(m.ATTEMPT, await store.heartbeat(rollout_id, attempt_id))
 
     # --- spans -----------------------------------------------------------------------------------------------------
-    @app.post(f"{v1}/spans", response_model=list[Span], tags=["spans"])
-    async def add_spans(body: m.AddSpansBody) -> Response:
+    @app.post(f"{v1}/spans", response_model=list[Span] | list[int | Span], tags=["spans"])
+    async def add_spans(
+        body: m.AddSpansBody,
+        response: m.SpansAnswer = Query(
+            default="spans",
+            description="spans: the stored spans. sequence_ids: per span, its sequence id when it is stored exactly "
+            "as sent, else the stored span (saves the caller from re-reading what it just sent).",
+        ),
+    ) -> Response:
         """Store spans (idempotent on rollout, attempt and span id); returns them with their sequence ids."""
         if len(body.spans) > max_spans_per_request:
             raise too_many_spans(len(body.spans))
         stored = await store.add_spans(body.spans)
         metrics.spans_ingested.labels("rest").inc(len(body.spans))
-        return _json(m.SPANS, stored)
+        if response == "spans":
+            return _json(m.SPANS, stored)
+        pairs = zip(stored, body.spans, strict=True)
+        compact = [kept.sequence_id if _same_span(kept, sent) else kept for kept, sent in pairs]
+        return _json(m.SEQUENCE_IDS_OR_SPANS, compact)
 
     @app.get(f"{v1}/rollouts/{{rollout_id}}/spans", response_model=list[Span], tags=["spans"])
     async def query_spans(
@@ -317,6 +339,11 @@ def create_app(
     )
     app.state.metrics = metrics
     return app
+
+
+def _same_span(stored: Span, sent: Span) -> bool:
+    # Field-by-field, ignoring the sequence id the store assigned (the sent span carries 0).
+    return {**stored.__dict__, "sequence_id": 0} == {**sent.__dict__, "sequence_id": 0}
 
 
 async def _claim_waiting(

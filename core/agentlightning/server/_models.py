@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -96,6 +96,9 @@ class CheckTimeoutsBody(_Body):
     now: int | None = Field(default=None, ge=0, le=MAX_INT64)
 
 
+SpansAnswer: TypeAlias = Literal["spans", "sequence_ids"]
+
+
 class ErrorBody(BaseModel):
     """Every 4xx/5xx answer of the REST API: a message saying what was wrong and how to fix it."""
 
@@ -116,6 +119,7 @@ ROLLOUTS: Final = TypeAdapter(list[Rollout])
 ATTEMPT: Final = TypeAdapter(Attempt)
 ATTEMPTS: Final = TypeAdapter(list[Attempt])
 SPANS: Final = TypeAdapter(list[Span])
+SEQUENCE_IDS_OR_SPANS: Final = TypeAdapter(list[int | Span])
 CLAIMED: Final = TypeAdapter(ClaimedRollout | None)
 SNAPSHOT: Final = TypeAdapter(ResourcesSnapshot)
 SNAPSHOT_OR_NONE: Final = TypeAdapter(ResourcesSnapshot | None)

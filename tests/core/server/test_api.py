@@ -247,3 +247,15 @@ async def test_gzip_rest_body_is_not_silently_accepted(api: httpx.AsyncClient) -
     body = gzip.compress(orjson.dumps({"requests": [{"input": 1}]}))
     response = await api.post("/v1/rollouts", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 400
+
+
+async def test_compact_span_answer_returns_stored_span_when_it_differs(api: httpx.AsyncClient) -> None:
+    rollout_id, attempt_id = await _running_attempt(api)
+    spans = [_span(rollout_id, attempt_id, i) for i in range(2)]
+    first = await api.post("/v1/spans", params={"response": "sequence_ids"}, json={"spans": spans})
+    assert first.json() == [1, 2]
+    changed = {**spans[1], "name": "renamed"}
+    again = await api.post("/v1/spans", params={"response": "sequence_ids"}, json={"spans": [spans[0], changed]})
+    same, stored = again.json()
+    assert same == 1
+    assert stored["name"] == "step-1" and stored["sequence_id"] == 2  # the store keeps the first version
