@@ -57,6 +57,7 @@ class _MemoryTxn:
 
     def __init__(self) -> None:
         self.rollouts: dict[str, Rollout] = {}
+        self.enqueue_index: dict[str, int] = {}
         self.attempts: dict[str, list[Attempt]] = {}
         self.claimable: dict[str, None] = {}  # ordered by enqueue order once sorted
         self.claimable_sorted = True
@@ -69,6 +70,7 @@ class _MemoryTxn:
     def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None:
         for rollout in rollouts:
             self.rollouts[rollout.rollout_id] = rollout
+            self.enqueue_index[rollout.rollout_id] = len(self.enqueue_index)
             self.attempts[rollout.rollout_id] = []
             self.claimable[rollout.rollout_id] = None
 
@@ -83,8 +85,7 @@ class _MemoryTxn:
 
     def first_claimable(self) -> Rollout | None:
         if not self.claimable_sorted:
-            order = {rid: i for i, rid in enumerate(self.rollouts)}
-            self.claimable = dict.fromkeys(sorted(self.claimable, key=order.__getitem__))
+            self.claimable = dict.fromkeys(sorted(self.claimable, key=self.enqueue_index.__getitem__))
             self.claimable_sorted = True
         for rollout_id in self.claimable:
             return self.rollouts[rollout_id]

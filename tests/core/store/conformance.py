@@ -192,6 +192,14 @@ class StoreConformance:
         assert (await store.get_rollout(rid)).status == "failed"  # max_attempts reached
         assert [a.status for a in await store.query_attempts(rid)] == ["failed", "failed"]
 
+    async def test_requeued_rollout_keeps_its_place_in_the_queue(self, store: LightningStore) -> None:
+        first, second = await store.enqueue_rollouts(
+            [RolloutRequest(input=i, config=RolloutConfig(max_attempts=2, retry_on=("failed",))) for i in range(2)]
+        )
+        claimed = await self.claim(store)
+        await store.finish_attempt(first.rollout_id, claimed.attempt.attempt_id, "failed")
+        assert [(await self.claim(store)).rollout.rollout_id for _ in range(2)] == [first.rollout_id, second.rollout_id]
+
     async def test_failure_not_in_retry_on_fails_at_once(self, store: LightningStore) -> None:
         claimed = await self.running(store, max_attempts=3)  # default retry_on: timeout, unresponsive
         await store.finish_attempt(claimed.rollout.rollout_id, claimed.attempt.attempt_id, "failed")
