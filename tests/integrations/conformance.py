@@ -208,6 +208,9 @@ class IntegrationConformance(ABC):
 
     #: Values of ``agentlightning.span.source`` the integration's spans may carry.
     span_sources: ClassVar[frozenset[str]] = frozenset({semconv.SOURCE_HOOK})
+    #: Traces one run of the harness produces. One by default: a run is one tree, so that a span whose parent was
+    #: lost (e.g. taken from an ambient context on another thread) shows up as an extra trace.
+    traces_per_run: ClassVar[int] = 1
 
     @abstractmethod
     def make_harness(self) -> IntegrationHarness:
@@ -255,9 +258,14 @@ class IntegrationConformance(ABC):
             assert source in self.span_sources, f"span {span.name!r} has {semconv.SPAN_SOURCE}={source!r}"
 
     def test_parents_form_a_tree(self, harness: IntegrationHarness, capture: SpanCapture) -> None:
-        """Within each trace every parent exists and there is exactly one root."""
+        """One run is one tree: every parent exists in its trace, one root per trace, ``traces_per_run`` traces."""
         _, spans = self._run_in_rollout(harness, capture)
         assert_span_tree(spans)
+        assert len(spans) > 1, "a run of an agent with a tool should record more than one span"
+        traces = {span.trace_id for span in spans}
+        assert len(traces) == self.traces_per_run, (
+            f"one run recorded {len(traces)} traces, expected {self.traces_per_run}: spans lost their parents"
+        )
 
     def test_llm_spans_name_their_agent(self, harness: IntegrationHarness, capture: SpanCapture) -> None:
         """Every LLM span carries gen_ai.agent.name, so the adapter can select agents by name."""
@@ -404,3 +412,4 @@ class IntegrationConformance(ABC):
             mine = by_rollout.get(rollout_id, [])
             assert_ids(mine, rollout_id, attempt_id)
             assert shape(mine) == shape(single), f"rollout {rollout_id} does not look like a single run"
+            assert len({span.trace_id for span in mine}) == self.traces_per_run, f"rollout {rollout_id}: traces"
