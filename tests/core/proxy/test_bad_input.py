@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from typing import Any
 
 import httpx
@@ -12,8 +13,10 @@ import openai
 import pytest
 
 from agentlightning import semconv as sc
+from agentlightning.proxy import ProxyServer
 from agentlightning.store.memory import InMemoryLightningStore
 from agentlightning.testing import FakeError, FakeOpenAI, FakeReply
+from agentlightning.types import Span
 from tests.core.proxy.conftest import ProxyRig
 
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -115,3 +118,30 @@ def test_serve_proxy_needs_exactly_one_store() -> None:
         serve_proxy(upstream="http://127.0.0.1:1/v1")
     with pytest.raises(ValueError, match="must start with http"):
         serve_proxy(upstream="127.0.0.1:1", store=InMemoryLightningStore())
+
+
+class _FlakyStore(InMemoryLightningStore):
+    """The real in-memory store, except that the first writes fail as a store server that is down would."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("store is restarting")
+        return await super().add_spans(spans)
+
+
+def test_spans_survive_a_store_that_fails_for_a_while(fake: FakeOpenAI) -> None:
+    store = _FlakyStore(failures=2)
+    with fake.serve() as upstream, ProxyServer(store, upstream.base_url) as proxy:
+        rig = ProxyRig(store, fake, upstream, proxy, ExitStack())
+        rollout_id, attempt_id = rig.new_attempt()
+        client = rig.client(proxy.url_for(rollout_id, attempt_id))
+        for _ in range(3):
+            client.chat.completions.create(**BODY)
+        spans = rig.spans(rollout_id)
+        rig.stack.close()
+    assert store.failures == 0 and len(spans) == 3

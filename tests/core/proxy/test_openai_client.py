@@ -150,3 +150,29 @@ def test_header_attribution_and_unattributed_calls(rig: ProxyRig) -> None:
     assert plain.models.list().data[0].id == "fake-model"
     spans = rig.spans(rollout_id)
     assert [s.attempt_id for s in spans] == [attempt_id]
+
+
+async def test_concurrent_calls_of_many_attempts_do_not_cross_link(rig: ProxyRig) -> None:
+    attempts = [await asyncio.to_thread(rig.new_attempt) for _ in range(3)]
+
+    async def agent(rollout_id: str, attempt_id: str) -> None:
+        async with openai.AsyncOpenAI(base_url=rig.proxy.url_for(rollout_id, attempt_id), api_key="k") as client:
+            calls = [
+                client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": f"{rollout_id} {i}"}], stream=i % 2 == 0
+                )
+                for i in range(5)
+            ]
+            for result in await asyncio.gather(*calls):
+                if isinstance(result, openai.AsyncStream):
+                    async for _ in result:
+                        pass
+
+    await asyncio.gather(*(agent(*ids) for ids in attempts))
+    for rollout_id, attempt_id in attempts:
+        spans = await asyncio.to_thread(rig.spans, rollout_id)
+        assert len(spans) == 5 and {s.attempt_id for s in spans} == {attempt_id}
+        for span in spans:
+            [message] = json.loads(str(span.attributes[sc.GEN_AI_INPUT_MESSAGES]))
+            assert message["content"].startswith(rollout_id)
+            assert span.attributes[sc.RESPONSE_TOKEN_IDS] == tokenize(f"echo: {message['content']}")
