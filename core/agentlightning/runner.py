@@ -19,12 +19,15 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from agentlightning.agent import LitAgent, as_agent, normalize_reward
 from agentlightning.store.base import LightningStore, StoreError
 from agentlightning.types import Attempt, AttemptStatus, ClaimedRollout, ResourcesSnapshot, Rollout
+
+if TYPE_CHECKING:
+    from agentlightning.tracing import LightningTracer
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ class RunnerStats:
     succeeded: int = 0
     failed: int = 0
     timed_out: int = 0
-    lost: int = field(default=0, metadata={"doc": "finish refused: the watchdog or another worker got there first"})
+    lost: int = 0  # finish refused or unreachable: the watchdog (or a cancel) ended the attempt first
 
     @property
     def finished(self) -> int:
@@ -108,6 +111,11 @@ async def _call_in_thread(function: Callable[..., Any], args: list[Any], kwargs:
     return await future
 
 
+# Process-wide tracers installed by runners: id(tracer) -> (the store it writes to, runners using it).
+_shared_lock = threading.Lock()
+_shared_tracers: dict[int, tuple[LightningStore, int]] = {}
+
+
 class _Flusher:
     """Coalesces the flushes of many workers into rounds of one blocking ``tracer.flush`` on a thread.
 
@@ -116,7 +124,7 @@ class _Flusher:
     hence the thread; one thread per round rather than per worker keeps 32 workers from filling the executor.
     """
 
-    def __init__(self, tracer: Any, timeout_s: float) -> None:
+    def __init__(self, tracer: LightningTracer, timeout_s: float) -> None:
         self._tracer = tracer
         self._timeout_s = timeout_s
         self._next: asyncio.Future[bool] | None = None
@@ -158,7 +166,7 @@ class Runner:
         n_workers: int = 1,
         worker_id: str | None = None,
         heartbeat_interval_s: float = 10.0,
-        tracer: Any | None = None,
+        tracer: LightningTracer | None = None,
         poll_interval_s: float = 0.5,
         flush_timeout_s: float = 10.0,
         on_attempt: Callable[[AttemptOutcome], None] | None = None,
@@ -177,7 +185,7 @@ class Runner:
         self.on_attempt = on_attempt
         self.stats = RunnerStats()
         self._tracer = tracer
-        self._owned_tracer: Any | None = None
+        self._owned_tracer: LightningTracer | None = None
         self._flusher: _Flusher | None = None
         self._stop = threading.Event()  # threading, not asyncio: stop() may come from a signal handler or thread
         self._resources: dict[str, ResourcesSnapshot] = {}
@@ -214,24 +222,33 @@ class Runner:
         return asyncio.run(self.run(max_rollouts, stop_event))
 
     # --- tracing -------------------------------------------------------------------------------------------------
-    def _start_tracing(self) -> Any:
-        """The tracer whose spans reach this store: the one given, else a process-wide one writing to the store.
+    def _start_tracing(self) -> LightningTracer:
+        """The tracer whose spans reach this store: the one given, else the process-wide one, writing to the store.
 
-        A local store (memory, SQLite) is thread-safe, so the sink stores spans on the exporter thread's own loop:
-        a SQLite commit (fsync) on the runner's loop would stall every worker (bench/runner.py: 60 -> 400
-        rollouts/s). Any other store (the HTTP client) is awaited on the runner's loop, where its connection pool
-        lives and is closed with it.
+        Emit helpers and integrations write through the process-wide tracer, so runners of one store in one process
+        share it (counted; the last one out shuts it down). A local store (memory, SQLite) is thread-safe, so the
+        sink stores spans on the exporter thread's own loop: a SQLite commit (fsync) on the runner's loop would stall
+        every worker (bench/runner.py: 60 -> 400 rollouts/s). Any other store (the HTTP client) is awaited on the
+        runner's loop, where its connection pool lives and is closed with it.
         """
         if self._tracer is not None:
             return self._tracer
         from agentlightning.store import InMemoryLightningStore
         from agentlightning.store.sqlite import SqliteLightningStore
-        from agentlightning.tracing import StoreSpanSink, init_tracing
+        from agentlightning.tracing import StoreSpanSink, get_lightning_tracer, init_tracing
 
-        local = isinstance(self.store, InMemoryLightningStore | SqliteLightningStore)
-        loop = None if local else asyncio.get_running_loop()
-        self._owned_tracer = init_tracing(StoreSpanSink(self.store, loop=loop))
-        return self._owned_tracer
+        with _shared_lock:
+            current = get_lightning_tracer()
+            shared = _shared_tracers.get(id(current)) if current is not None else None
+            if current is not None and shared is not None and shared[0] is self.store:
+                _shared_tracers[id(current)] = (self.store, shared[1] + 1)
+            else:
+                local = isinstance(self.store, InMemoryLightningStore | SqliteLightningStore)
+                loop = None if local else asyncio.get_running_loop()
+                current = init_tracing(StoreSpanSink(self.store, loop=loop))
+                _shared_tracers[id(current)] = (self.store, 1)
+        self._owned_tracer = current
+        return current
 
     async def _stop_tracing(self) -> None:
         tracer, self._owned_tracer = self._owned_tracer, None
@@ -239,6 +256,11 @@ class Runner:
             return
         from agentlightning.tracing import get_lightning_tracer, shutdown_tracing
 
+        with _shared_lock:
+            store, users = _shared_tracers.pop(id(tracer), (self.store, 1))
+            if users > 1:
+                _shared_tracers[id(tracer)] = (store, users - 1)
+                return
         # In a thread: shutting down drains the queue through the sink, which may block on the store.
         if get_lightning_tracer() is tracer:
             await asyncio.to_thread(shutdown_tracing, self.flush_timeout_s)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from agentlightning.agent import LitAgent
+    from agentlightning.tracing import LightningTracer
     from agentlightning.types import Transition
 
 # Ids are copied from this table into `agl spans`: never break them across lines.
@@ -92,7 +93,7 @@ class Trainer:
         run_dir: str | os.PathLike[str] = "runs",
         heartbeat_interval_s: float = 5.0,
         watchdog_interval_s: float = 1.0,
-        tracer: Any | None = None,
+        tracer: LightningTracer | None = None,
         worker_id: str | None = None,
         console: Console | None = None,
     ) -> None:

@@ -13,6 +13,7 @@ from agentlightning.runner import Runner
 from agentlightning.store import InMemoryLightningStore
 from agentlightning.store.base import LightningStore
 from agentlightning.store.sqlite import SqliteLightningStore
+from agentlightning.tracing import get_lightning_tracer
 from agentlightning.types import LLM, Attempt, PromptTemplate, Rollout, RolloutConfig, RolloutRequest
 from tests.core.runner.agents import COUNTING_SPANS, Misbehaving, counting, counting_sync, sleepy_sync
 
@@ -151,3 +152,13 @@ async def test_stop_event_ends_idle_workers() -> None:
     stop.set()
     stats = await asyncio.wait_for(task, 5)
     assert stats.succeeded == 5
+
+
+async def test_two_runners_in_one_process_share_the_process_tracer() -> None:
+    store = InMemoryLightningStore()
+    await enqueue_counting(store, 40)
+    first, second = Runner(counting, store, n_workers=2), Runner(counting_sync, store, n_workers=2)
+    stats = await asyncio.gather(first.run(max_rollouts=20), second.run(max_rollouts=20))
+    assert [s.succeeded for s in stats] == [20, 20]
+    await assert_each_finished_once(store, 40)
+    assert get_lightning_tracer() is None  # the last runner out shut it down
