@@ -61,7 +61,7 @@ def make_rig() -> Iterator[Callable[..., ProxyRig]]:
         def make(fake: FakeOpenAI, upstream_url: str | None = None) -> ProxyRig:
             store = InMemoryLightningStore()
             upstream = None if upstream_url is not None else stack.enter_context(fake.serve())
-            url = upstream_url if upstream is None else upstream.base_url
+            url = upstream.base_url if upstream is not None else str(upstream_url)
             proxy = stack.enter_context(ProxyServer(store, url))
             return ProxyRig(store, fake, upstream, proxy, stack)
 

@@ -11,6 +11,7 @@ import openai
 
 from agentlightning import semconv as sc
 from agentlightning.testing import FakeReply, FakeToolCall, logprob_of, tokenize
+from agentlightning.types import LLM
 from tests.core.proxy.conftest import ProxyRig
 
 MESSAGES: list[Any] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
@@ -176,3 +177,13 @@ async def test_concurrent_calls_of_many_attempts_do_not_cross_link(rig: ProxyRig
             [message] = json.loads(str(span.attributes[sc.GEN_AI_INPUT_MESSAGES]))
             assert message["content"].startswith(rollout_id)
             assert span.attributes[sc.RESPONSE_TOKEN_IDS] == tokenize(f"echo: {message['content']}")
+
+
+def test_llm_resource_base_url_for_points_at_the_attempt_routes(rig: ProxyRig) -> None:
+    rollout_id, attempt_id = rig.new_attempt()
+    llm = LLM(base_url=rig.proxy.url, model="m", proxied=True)
+    assert llm.base_url_for(rollout_id, attempt_id) == rig.proxy.url_for(rollout_id, attempt_id)
+    client = rig.client(llm.base_url_for(rollout_id, attempt_id))
+    client.chat.completions.create(model=llm.model, messages=MESSAGES)
+    assert [span.attempt_id for span in rig.spans(rollout_id)] == [attempt_id]
+    assert LLM(base_url=rig.proxy.url, model="m", proxied=True).base_url_for(None, None) == rig.proxy.base_url
