@@ -64,8 +64,3 @@ def uninstrument() -> None:
     """Stop attaching the handler to new runs (the exact inverse of :func:`instrument`)."""
     with _lock:
         _gate.handler = None
-
-
-def instrumented_handler() -> LightningCallbackHandler | None:
-    """The shared handler while instrumented, else ``None`` (for tests and diagnostics)."""
-    return _gate.handler
