@@ -1,4 +1,4 @@
-"""``agl``: serve a store or the LLM proxy, run runners, inspect a store, check training readiness, dev-run an agent.
+"""``agl``: serve a store or the LLM proxy, run runners, inspect a store, check readiness, dev-run and train an agent.
 
 Importing this module stays light: every command imports what it needs (server, store backends, rich) when it runs.
 A store is named by URL (``http://127.0.0.1:4747``, served by ``agl store``) or by SQLite file path.
@@ -21,6 +21,7 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from agentlightning.algorithm import Algorithm
     from agentlightning.runner import RunnerStats
     from agentlightning.store.base import LightningStore
     from agentlightning.types import Span
@@ -378,6 +379,76 @@ def dev_command(
     )
     if not any(row.status == "succeeded" for row in rows):
         raise typer.Exit(1)
+
+
+def _load_algorithm(spec: str) -> Algorithm:
+    """An :class:`Algorithm` from ``module:attribute``: an instance, a subclass, or a zero-argument factory."""
+    import importlib
+
+    from agentlightning.algorithm import Algorithm
+
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise typer.BadParameter(f"{spec!r} must look like 'package.module:attribute'", param_hint="--algorithm")
+    try:
+        obj: object = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise typer.BadParameter(f"cannot load {spec!r}: {exc}", param_hint="--algorithm") from exc
+    if callable(obj) and not isinstance(obj, Algorithm):
+        obj = obj()
+    if not isinstance(obj, Algorithm):
+        raise typer.BadParameter(
+            f"{spec!r} gave {type(obj).__name__}, not an agentlightning.Algorithm (instance, class or factory)",
+            param_hint="--algorithm",
+        )
+    return obj
+
+
+@app.command("train")
+def train_command(
+    algorithm: Annotated[
+        str | None,
+        typer.Option(help="module:attribute of an Algorithm (instance, class or factory); default: the baseline."),
+    ] = None,
+    agent: Annotated[
+        str | None, typer.Option(help="The agent as module:function; needed unless --role algorithm.")
+    ] = None,
+    tasks: Annotated[Path | None, typer.Option(help="Training tasks, JSON Lines; needed unless --role runner.")] = None,
+    val_tasks: Annotated[Path | None, typer.Option(help="Validation tasks, JSON Lines.")] = None,
+    store: Annotated[
+        str | None,
+        typer.Option("--store", "-s", help="Store URL or SQLite path; default: a new runs/<timestamp>/store.db."),
+    ] = None,
+    role: Annotated[
+        Literal["both", "algorithm", "runner"], typer.Option(help="What this process runs against the store.")
+    ] = "both",
+    runners: Annotated[int, typer.Option(min=1, help="In-process runner workers (roles both and runner).")] = 4,
+    token: TokenOption = None,
+) -> None:
+    """Train: run an algorithm and/or runners against one store (``Trainer.fit``); one process or split by role."""
+    from agentlightning.agent import load_agent
+    from agentlightning.trainer import Trainer
+
+    if role != "algorithm" and agent is None:
+        raise typer.BadParameter(f"role {role!r} runs the agent: pass --agent module:function", param_hint="--agent")
+    if role != "runner" and tasks is None:
+        raise typer.BadParameter(f"role {role!r} runs the algorithm: pass --tasks tasks.jsonl", param_hint="--tasks")
+    try:
+        lit_agent = None if agent is None or role == "algorithm" else load_agent(agent)
+    except (ValueError, TypeError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--agent") from exc
+    trainer = Trainer(
+        None if algorithm is None else _load_algorithm(algorithm),
+        store=store,
+        n_runners=runners,
+        role=role,
+        token=token,
+    )
+    trainer.fit(
+        lit_agent,
+        None if tasks is None else _load_tasks(tasks),
+        None if val_tasks is None else _load_tasks(val_tasks),
+    )
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from agentlightning.store.sqlite import SqliteLightningStore
 from agentlightning.types import AttemptStatus, Rollout, Span
 
 WIDE = {"COLUMNS": "300"}  # rich tables wrap ids at the default 80 columns
-COMMANDS = ["store", "proxy", "runner", "rollouts", "spans", "check", "dev"]
+COMMANDS = ["store", "proxy", "runner", "rollouts", "spans", "check", "dev", "train"]
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)], ids=["agl", *COMMANDS])
@@ -114,6 +114,8 @@ def test_check_exits_non_zero_when_nothing_is_trainable(seeded: tuple[Path, list
 AGENT_MODULE = """
 from agentlightning import emit_message, rollout
 
+AGENT_NAME = "tiny"
+
 @rollout
 def tiny(task):
     emit_message("thinking about " + task["q"])
@@ -140,3 +142,20 @@ def test_dev_rejects_a_bad_agent_spec(tmp_path: Path) -> None:
     tasks.write_text('{"q": 1}\n')
     result = CliRunner().invoke(app, ["dev", "--agent", "no_colon_here", "--tasks", str(tasks)], env=WIDE)
     assert result.exit_code != 0 and "module:function" in result.output
+
+
+def test_train_runs_the_baseline_on_an_embedded_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "tiny_agent_mod2.py").write_text(AGENT_MODULE)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"q": "easy"}\n{"q": "hard"}\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--agent", "tiny_agent_mod2:tiny", "--tasks", str(tasks), "--runners", "2"]
+    result = CliRunner().invoke(app, [*args, "--algorithm", "agentlightning.algorithms:BaselineAlgorithm"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert "baseline run" in result.output and "0.5000" in result.output
+    assert list(tmp_path.glob("runs/*/store.db"))
+    no_tasks = CliRunner().invoke(app, ["train", "--agent", "tiny_agent_mod2:tiny"], env=WIDE)
+    assert no_tasks.exit_code != 0 and "--tasks" in no_tasks.output
+    not_algorithm = CliRunner().invoke(app, [*args, "--algorithm", "tiny_agent_mod2:AGENT_NAME"], env=WIDE)
+    assert not_algorithm.exit_code != 0 and "gave str" in not_algorithm.output
