@@ -6,12 +6,12 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any, cast
 
 import pytest
 from langchain_core.language_models.fake import FakeListLLM
-from langchain_core.messages import AIMessageChunk
+from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.runnables import Runnable
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -25,6 +25,7 @@ from agentlightning_langchain import LightningCallbackHandler
 from tests.integrations.conformance import SpanCapture, assert_ids, assert_isolated, assert_span_tree
 from tests.integrations.langchain.fakes import (
     TEAM_TREE,
+    ScriptedChatModel,
     ToolFailure,
     build_react_agent,
     build_team,
@@ -294,6 +295,27 @@ def test_user_exception_recorded_and_unchanged(mode: str, capture: SpanCapture) 
         (event,) = span.events
         assert event.name == "exception"
         assert event.attributes["exception.type"] == "KeyError"
+    assert handler.open_runs == 0
+
+
+def test_model_exception_recorded_on_llm_span(capture: SpanCapture) -> None:
+    """A model that raises (an API error, say) marks its LLM span ERROR; the caller gets the same exception."""
+    error = ConnectionError("upstream refused")
+
+    def exhausted() -> Iterator[AIMessage]:
+        raise error
+        yield AIMessage("unreachable")  # makes this a generator, so the raise happens on the model's first call
+
+    handler = LightningCallbackHandler()
+    with rollout_context("ro-1", "at-1"), pytest.raises(ConnectionError) as raised:
+        ScriptedChatModel(messages=exhausted()).invoke("hi", {"callbacks": [handler]})
+    assert raised.value is error
+    (span,) = capture.spans()
+    assert span.name == "chat ScriptedChatModel"
+    assert span.status.code == "ERROR"
+    assert span.status.message == "ConnectionError: upstream refused"
+    assert span.attributes[semconv.ERROR_TYPE] == "ConnectionError"
+    assert semconv.GEN_AI_OUTPUT_MESSAGES not in span.attributes
     assert handler.open_runs == 0
 
 
