@@ -1,3 +1,61 @@
-"""Agent Lightning trainers: LightningRL (GRPO/PPO), APO and SFT."""
+"""Agent Lightning trainers: LightningRL (GRPO/PPO) on a torch backend with a policy server.
 
-__all__: list[str] = []
+Public names load lazily, so ``import agentlightning_trainer`` (done by core's integration discovery) stays cheap.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "LightningRL": "agentlightning_trainer.lightning_rl",
+    "LightningRLConfig": "agentlightning_trainer.config",
+    "PolicySpec": "agentlightning_trainer.config",
+    "Policy": "agentlightning_trainer.torch_backend.policy",
+    "TorchLearner": "agentlightning_trainer.torch_backend.learner",
+    "PolicyServerProcess": "agentlightning_trainer.policy_server",
+    "create_policy_app": "agentlightning_trainer.policy_server",
+    "train_in_process": "agentlightning_trainer.inprocess",
+    "evaluate_greedy": "agentlightning_trainer.inprocess",
+    "MetricsLogger": "agentlightning_trainer.metrics",
+    "StepMetrics": "agentlightning_trainer.metrics",
+    "plot_reward_curve": "agentlightning_trainer.plotting",
+}
+
+__all__ = [
+    "LightningRL",
+    "LightningRLConfig",
+    "MetricsLogger",
+    "Policy",
+    "PolicyServerProcess",
+    "PolicySpec",
+    "StepMetrics",
+    "TorchLearner",
+    "create_policy_app",
+    "evaluate_greedy",
+    "plot_reward_curve",
+    "train_in_process",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import public names on first use."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentlightning_trainer' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from agentlightning_trainer.config import LightningRLConfig, PolicySpec
+    from agentlightning_trainer.inprocess import evaluate_greedy, train_in_process
+    from agentlightning_trainer.lightning_rl import LightningRL
+    from agentlightning_trainer.metrics import MetricsLogger, StepMetrics
+    from agentlightning_trainer.plotting import plot_reward_curve
+    from agentlightning_trainer.policy_server import PolicyServerProcess, create_policy_app
+    from agentlightning_trainer.torch_backend.learner import TorchLearner
+    from agentlightning_trainer.torch_backend.policy import Policy
