@@ -77,6 +77,31 @@ def _policy_version(response: httpx.Response) -> int | None:
         return None
 
 
+def _fold_payload(record: CallRecord, payload: Json, added: Additions, *, chunk: bool) -> bool:
+    """Fold an answer (or stream event) into the record and strip what we added; False if that failed.
+
+    On failure the agent gets the upstream's bytes unchanged and the span says why it is incomplete: a surprise in
+    the upstream's JSON must never cost the agent its answer.
+    """
+    try:
+        if record.endpoint == "chat":
+            record.add_chat(payload, chunk=chunk)
+            if added:
+                strip_chat(payload, added)
+        else:
+            if chunk:
+                record.add_response_event(payload)
+            else:
+                record.add_response(payload)
+            if added:
+                strip_responses(payload, added)
+        return True
+    except Exception as exc:
+        logger.exception("the LLM proxy could not read an upstream answer; passing it through unchanged")
+        record.error, record.error_type = f"the proxy could not read the upstream answer: {exc!r}", "proxy_error"
+        return False
+
+
 class _RelayResponse(StreamingResponse):
     """A streaming response that always runs ``on_close``, even when the client disconnects mid-stream."""
 
@@ -145,15 +170,7 @@ class _StreamRelay:
         if not isinstance(payload, dict):
             return event
         json_payload: Json = payload  # pyright: ignore[reportUnknownVariableType]  # a JSON object
-        if self._record.endpoint == "chat":
-            self._record.add_chat(json_payload, chunk=True)
-            if self._added:
-                strip_chat(json_payload, self._added)
-        else:
-            self._record.add_response_event(json_payload)
-            if self._added:
-                strip_responses(json_payload, self._added)
-        if not self._added:
+        if not _fold_payload(self._record, json_payload, self._added, chunk=True) or not self._added:
             return event
         kept = [line for i, line in enumerate(lines) if i not in data_at]
         return b"\n".join([*kept, b"data: " + orjson.dumps(json_payload)])
@@ -167,7 +184,7 @@ class _StreamRelay:
             if error is not None and self._record.error is None:
                 self._record.error = error
                 self._record.error_type = error_type or "stream_cut"
-            self._proxy.writer.submit(self._record.to_span())
+            self._proxy.submit(self._record)
         try:
             await self._upstream.aclose()
         except Exception as exc:  # closing a broken connection is best effort
@@ -229,6 +246,13 @@ class LLMProxy:
                 nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
                 self._transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=nodelay)
         return self._transport
+
+    def submit(self, record: CallRecord) -> None:
+        """Queue the span of a finished call; a failure here is logged, never raised into the agent's call."""
+        try:
+            self.writer.submit(record.to_span())
+        except Exception:
+            logger.exception("the LLM proxy could not build the span of a call of rollout %s", record.rollout_id)
 
     def _url(self, path: str) -> httpx.URL:
         url = self._urls.get(path)
@@ -368,7 +392,7 @@ class LLMProxy:
                 message = f"the LLM proxy could not reach the upstream {url}: {exc!r}"
                 if record is not None:
                     record.error, record.error_type = message, type(exc).__name__
-                    self.writer.submit(record.to_span())
+                    self.submit(record)
                 return _error(502, message, "upstream_unreachable")
             if response.status_code != 400 or not added:
                 break
@@ -388,7 +412,7 @@ class LLMProxy:
             message = f"the upstream {url} broke off its answer: {exc!r}"
             if record is not None:
                 record.error, record.error_type = message, type(exc).__name__
-                self.writer.submit(record.to_span())
+                self.submit(record)
             return _error(502, message, "upstream_broken")
         finally:
             await response.aclose()
@@ -409,19 +433,11 @@ class LLMProxy:
                     payload = None
                 if isinstance(payload, dict):
                     json_payload: Json = payload  # pyright: ignore[reportUnknownVariableType]  # a JSON object
-                    if record.endpoint == "chat":
-                        record.add_chat(json_payload, chunk=False)
-                        if added:
-                            strip_chat(json_payload, added)
-                    else:
-                        record.add_response(json_payload)
-                        if added:
-                            strip_responses(json_payload, added)
-                    if added:
+                    if _fold_payload(record, json_payload, added, chunk=False) and added:
                         content = orjson.dumps(json_payload)
                 else:
                     record.error, record.error_type = "the upstream answer is not a JSON object", "bad_upstream_json"
-            self.writer.submit(record.to_span())
+            self.submit(record)
         reply = Response(content, response.status_code)
         reply.raw_headers = [*_response_headers(response), (b"content-length", str(len(content)).encode())]
         return reply
