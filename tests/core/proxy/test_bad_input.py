@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import socketserver
+import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -145,3 +147,31 @@ def test_spans_survive_a_store_that_fails_for_a_while(fake: FakeOpenAI) -> None:
         spans = rig.spans(rollout_id)
         rig.stack.close()
     assert store.failures == 0 and len(spans) == 3
+
+
+def test_upstream_breaking_mid_stream_is_recorded(make_rig: Callable[..., ProxyRig]) -> None:
+    chunk = b'data: {"id":"c1","model":"m","prompt_token_ids":[1,2],"choices":[{"index":0,"delta":{"content":"hi"},"token_ids":[7]}]}\n\n'  # noqa: E501
+
+    class Cut(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            while self.rfile.readline() not in (b"\r\n", b""):
+                pass  # the body is never read: the answer starts, then the connection dies
+            self.wfile.write(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            )
+            self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            self.wfile.write(b"ff\r\npartial")  # a chunk that never completes
+            self.wfile.flush()
+
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), Cut) as upstream:
+        threading.Thread(target=upstream.serve_forever, daemon=True).start()
+        rig = make_rig(FakeOpenAI(), upstream_url=f"http://127.0.0.1:{upstream.server_address[1]}/v1")
+        rollout_id, attempt_id = rig.new_attempt()
+        url = f"{rig.proxy.url_for(rollout_id, attempt_id)}/chat/completions"
+        with pytest.raises(httpx.HTTPError), httpx.stream("POST", url, json={**BODY, "stream": True}) as reply:
+            for _ in reply.iter_bytes():
+                pass
+        [span] = rig.spans(rollout_id)
+        upstream.shutdown()
+    assert span.status.code == "ERROR" and "stream broke" in (span.status.message or "")
+    assert span.attributes[sc.PROMPT_TOKEN_IDS] == [1, 2] and span.attributes[sc.RESPONSE_TOKEN_IDS] == [7]
