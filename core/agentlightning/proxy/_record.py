@@ -122,6 +122,7 @@ class _ResponsesOutput:
     logprobs: list[float] = field(default_factory=list[float])
 
     def add_item(self, item: Json) -> None:
+        """Read one output item (message or function call)."""
         if item.get("type") == "message":
             for part in map(as_dict, as_list(item.get("content"))):
                 if isinstance(part.get("text"), str):

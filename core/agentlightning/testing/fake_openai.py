@@ -9,11 +9,13 @@ the header ``x-agentlightning-policy-version``.
 
 Tokenisation is a character vocabulary: one token per Unicode character, id = code point. The prompt is rendered as
 ``<|role|>content`` per message followed by ``<|assistant|>``. The logprob of token id ``t`` is
-``-((t % 10) + 1) / 20``. Ids and timestamps are derived from the request content, so the same request always gets a
-byte-identical response.
+``-((t % 10) + 1) / 20``; chat logprobs cover every generated token, tool-call tokens included (as vLLM's do);
+Responses API logprobs sit on ``output_text`` parts and so cover text tokens only. Ids and timestamps are derived
+from the request content, so the same request always gets a byte-identical response.
 
 ``latency_s`` delays every answer, ``chunk_delay_s`` spaces stream events, ``supports_token_ids=False`` rejects
 ``return_token_ids`` with a 400 as api.openai.com does, and ``FakeError`` answers with any status and body.
+``requests`` holds every request body received; ``reply`` and ``policy_version`` may be changed between calls.
 
 Behaviour is scripted by ``reply``: a callable ``FakeRequest -> FakeReply | FakeError``, a list of them served in call
 order (then the default), or a fixed string. The default answers ``"echo: <last user text>"``::
@@ -197,9 +199,10 @@ class _Generation:
         return self.text_ids + [i for ids in self.tool_ids for i in ids]
 
 
-def _logprob_content(text: str) -> list[dict[str, Any]]:
+def _logprob_content(ids: list[int]) -> list[dict[str, Any]]:
+    """Chat logprob entries for generated token ids (tool-call tokens included, as vLLM reports them)."""
     return [
-        {"token": ch, "logprob": logprob_of(ord(ch)), "bytes": list(ch.encode()), "top_logprobs": []} for ch in text
+        {"token": chr(t), "logprob": logprob_of(t), "bytes": list(chr(t).encode()), "top_logprobs": []} for t in ids
     ]
 
 
@@ -340,7 +343,7 @@ class FakeOpenAI:
                 {"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                 for cid, c in gen.tool_calls
             ]
-        logprobs = {"content": _logprob_content(gen.text), "refusal": None} if gen.want_logprobs else None
+        logprobs = {"content": _logprob_content(gen.output_ids), "refusal": None} if gen.want_logprobs else None
         choice: dict[str, Any] = {
             "index": 0,
             "message": message,
@@ -365,9 +368,9 @@ class FakeOpenAI:
         head = {"id": f"chatcmpl-{gen.response_id}", "object": "chat.completion.chunk", "created": self.created}
         head["model"] = gen.model
 
-        def chunk(delta: dict[str, Any], text: str = "", ids: list[int] | None = None, finish: str | None = None,
+        def chunk(delta: dict[str, Any], ids: list[int] | None = None, finish: str | None = None,
                   first: bool = False) -> bytes:  # fmt: skip
-            logprobs = {"content": _logprob_content(text), "refusal": None} if gen.want_logprobs and text else None
+            logprobs = {"content": _logprob_content(ids), "refusal": None} if gen.want_logprobs and ids else None
             choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             if gen.want_ids:
                 choice["token_ids"] = ids or []
@@ -380,7 +383,7 @@ class FakeOpenAI:
         size = max(1, self.stream_chunk_chars)
         for start in range(0, len(gen.text), size):
             piece = gen.text[start : start + size]
-            yield chunk({"content": piece}, piece, gen.text_ids[start : start + size])
+            yield chunk({"content": piece}, gen.text_ids[start : start + size])
         for index, ((cid, call), ids) in enumerate(zip(gen.tool_calls, gen.tool_ids, strict=True)):
             head_call = {
                 "index": index,

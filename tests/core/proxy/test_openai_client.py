@@ -95,7 +95,8 @@ async def test_async_streaming_chat_with_tool_calls(rig: ProxyRig) -> None:
         assert message["content"] == "let me add"
         assert message["tool_calls"] == truth["choices"][0]["message"]["tool_calls"]
         assert attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == len(truth["choices"][0]["token_ids"])
-        assert len(attrs[sc.RESPONSE_LOGPROBS]) == len("let me add")  # type: ignore[arg-type]
+        ids = truth["choices"][0]["token_ids"]
+        assert attrs[sc.RESPONSE_LOGPROBS] == [logprob_of(t) for t in ids]  # aligned with the ids, tool call too
 
 
 def test_responses_api_streaming_and_not(rig: ProxyRig) -> None:
