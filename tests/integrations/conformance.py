@@ -31,6 +31,12 @@ How an integration plugs in (see ``tests/integrations/langchain/test_conformance
 
 2. Subclass :class:`IntegrationConformance` in a module named ``test_*.py`` with a class named ``Test*`` and
    implement :meth:`~IntegrationConformance.make_harness`. pytest collects every ``test_*`` method of the base.
+   Adjust :attr:`~IntegrationConformance.span_sources` (values of ``agentlightning.span.source`` your spans may
+   carry) or :attr:`~IntegrationConformance.traces_per_run` (default 1: one run is one tree) only when the
+   framework forces it, and say why in a comment.
+
+Spans are captured through the process-wide pipeline (``init_tracing`` with a list sink), so the integration must
+create its spans with ``agentlightning.tracing.get_tracer()``. ``run`` is never called on an event loop's thread.
 
 The helpers :func:`assert_ids`, :func:`assert_span_tree` and :func:`assert_isolated` are public for integration
 specific tests too.
