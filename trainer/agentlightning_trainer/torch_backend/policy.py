@@ -6,7 +6,7 @@ The tiny GPT is built in code; any Hugging Face causal LM works through a lazy `
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -51,7 +51,10 @@ class _HFTokenizer:
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
 
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        return list(self._tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True))
+        ids = self._tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, Mapping):  # transformers >= 5 may return a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special))
