@@ -185,10 +185,14 @@ class CallRecord:
                 self._merge_tool_call(choice, slot if isinstance(slot, int) else position, call)
             choice.finish_reason = raw.get("finish_reason") or choice.finish_reason
             choice.token_ids.extend(_ints(raw.get("token_ids")))
-            for entry in as_list(as_dict(raw.get("logprobs")).get("content")):
-                logprob = as_dict(entry).get("logprob")
-                if isinstance(logprob, int | float):
-                    choice.logprobs.append(float(logprob))
+            entries = as_list(as_dict(raw.get("logprobs")).get("content"))
+            try:  # the shape every OpenAI-compatible server sends, read without per-token checks
+                choice.logprobs.extend([float(entry["logprob"]) for entry in entries])
+            except (TypeError, KeyError, ValueError):
+                for entry in entries:
+                    logprob = as_dict(entry).get("logprob")
+                    if isinstance(logprob, int | float):
+                        choice.logprobs.append(float(logprob))
 
     @staticmethod
     def _merge_tool_call(choice: _Choice, slot: int, call: Json) -> None:

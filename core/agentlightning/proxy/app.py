@@ -423,7 +423,8 @@ class LLMProxy:
     ) -> Response:
         """Record a non-streamed answer (or an upstream error) and give it to the agent."""
         if record is not None:
-            record.policy_version = _policy_version(response)
+            if record.policy_version is None:
+                record.policy_version = _policy_version(response)
             if response.status_code >= 400:
                 record.error, record.error_type = _error_message(content), str(response.status_code)
             else:
