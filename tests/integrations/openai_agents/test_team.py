@@ -147,7 +147,7 @@ async def test_openai_models_on_fake_upstream(capture: SpanCapture, route: Route
     llm = check_team_spans(capture.spans(), route, "chat fake-model", rollout)
     prefix = "resp_" if api == "responses" else "chatcmpl-"
     assert all(str(span.attributes[sc.GEN_AI_RESPONSE_ID]).startswith(prefix) for span in llm)
-    assert len({span.attributes[sc.GEN_AI_RESPONSE_ID] for span in llm}) == 3
+    assert len({str(span.attributes[sc.GEN_AI_RESPONSE_ID]) for span in llm}) == 3
     assert all(span.attributes[sc.GEN_AI_REQUEST_MODEL] == "fake-model" for span in llm)
     if api == "chat":  # the chat request carries the system prompt as its first message
         for span, agent in zip(llm, ["triage", route, route], strict=True):
