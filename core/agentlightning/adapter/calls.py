@@ -109,8 +109,8 @@ def scan_attempt(tree: CallTree, order: EventOrder = "time") -> tuple[list[LLMCa
                 group.append(span)
         else:
             singles.append(span)
-    calls = [_merge(twins, tree) for twins in groups.values()]
-    calls.extend(_merge([span], tree) for span in singles)
+    twin_lists = _join_by_containment(list(groups.values()), singles)
+    calls = [_merge(twins, tree) for twins in twin_lists]
     if order == "sequence":
         calls.sort(key=lambda call: (call.sequence_id, call.end_time))
     else:
@@ -118,6 +118,46 @@ def scan_attempt(tree: CallTree, order: EventOrder = "time") -> tuple[list[LLMCa
     for index, call in enumerate(calls):
         call.turn_index = index
     return calls, rewards
+
+
+def _join_by_containment(groups: list[list[Span]], singles: list[Span]) -> list[list[Span]]:
+    """Join hook spans that lack a response id with the lone proxy span recorded inside their time window.
+
+    Some clients drop the response id (langchain-openai discards it when streaming chat completions), so the hook
+    span cannot be joined by id. The proxy span of the same call starts and ends within the hook span's window;
+    the earliest unclaimed such span is its twin. Both spans come from one machine's clock in that setup.
+    """
+    hooks = [s for s in singles if s.attributes.get(_SOURCE) != _PROXY]
+    if not hooks:
+        return [*groups, *([s] for s in singles)]
+    lone_proxies = [g[0] for g in groups if len(g) == 1 and g[0].attributes.get(_SOURCE) == _PROXY]
+    lone_proxies.extend(s for s in singles if s.attributes.get(_SOURCE) == _PROXY)
+    if not lone_proxies:
+        return [*groups, *([s] for s in singles)]
+    lone_proxies.sort(key=lambda s: s.start_time)
+    claimed: dict[str, Span] = {}  # proxy span_id -> hook span
+    for hook in sorted(hooks, key=lambda s: s.start_time):
+        hook_end = hook.end_time if hook.end_time is not None else hook.start_time
+        for proxy in lone_proxies:
+            proxy_end = proxy.end_time if proxy.end_time is not None else proxy.start_time
+            if proxy.span_id not in claimed and hook.start_time <= proxy.start_time and proxy_end <= hook_end:
+                claimed[proxy.span_id] = hook
+                break
+    if not claimed:
+        return [*groups, *([s] for s in singles)]
+    joined_hooks = {id(h) for h in claimed.values()}
+    result: list[list[Span]] = []
+    for group in groups:
+        if len(group) == 1 and group[0].span_id in claimed:
+            result.append([group[0], claimed[group[0].span_id]])
+        else:
+            result.append(group)
+    for span in singles:
+        if span.span_id in claimed and span.attributes.get(_SOURCE) == _PROXY:
+            result.append([span, claimed[span.span_id]])
+        elif id(span) not in joined_hooks:
+            result.append([span])
+    return result
 
 
 def _merge(twins: list[Span], tree: CallTree) -> LLMCall:

@@ -177,3 +177,19 @@ def test_is_llm_span_and_non_llm_spans_ignored() -> None:
     b.llm(prompt=[1], response=[2])
     assert [is_llm_span(s) for s in b.spans] == [False, False, True]
     assert len(find_llm_calls(b.spans)) == 1
+
+
+def test_hook_without_response_id_joins_the_proxy_call_inside_its_window() -> None:
+    # langchain-openai drops the completion id when streaming, so the hook span has none; the proxy span that ran
+    # inside the hook span's window is the same call.
+    b = TraceBuilder()
+    agent = b.agent("writer", start=0, end=1_000_000)
+    hook = b.llm(parent=agent, source=semconv.SOURCE_HOOK, start=100, end=900)
+    b.llm(response_id="chatcmpl-9", source=semconv.SOURCE_PROXY, prompt=[1], response=[2], start=200, end=800)
+    late_hook = b.llm(parent=agent, source=semconv.SOURCE_HOOK, start=2_000, end=3_000)
+    calls = find_llm_calls(b.spans)
+    assert len(calls) == 2
+    joined = next(c for c in calls if c.span_id == hook)
+    assert set(joined.sources) == {"proxy", "hook"}
+    assert (joined.prompt_token_ids, joined.response_token_ids, joined.response_id) == ([1], [2], "chatcmpl-9")
+    assert next(c for c in calls if c.span_id == late_hook).sources == ("hook",)
