@@ -74,3 +74,22 @@ def test_step_without_trainable_calls_is_skipped_with_the_reason(
     assert all(m.skipped and m.transitions == 0 for m in algorithm.history)
     assert algorithm.version == 0
     assert "no trainable transitions" in caplog.text and "nobody" in caplog.text
+
+
+@pytest.mark.timeout(180)
+def test_lightning_rl_resumes_from_its_checkpoint(tool_spec: PolicySpec, tmp_path: Path) -> None:
+    def fit(steps: int) -> LightningRL:
+        config = LightningRLConfig(
+            policy=tool_spec, steps=steps, tasks_per_step=2, samples_per_task=2, checkpoint_dir=tmp_path / "ckpt",
+            checkpoint_every=1, log_dir=tmp_path / "tb",
+        )  # fmt: skip
+        algorithm = LightningRL(config, run_dir=tmp_path / f"run{steps}", show_progress=False)
+        Trainer(algorithm, store=InMemoryLightningStore(), n_runners=4).fit(tool_choice_agent, tool_choice.tasks())
+        return algorithm
+
+    first = fit(2)
+    assert first.version == 2 and (tmp_path / "ckpt" / "step-000002.pt").exists()
+    resumed = fit(3)
+    assert [m.step for m in resumed.history] == [3]
+    assert resumed.version == 3
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))

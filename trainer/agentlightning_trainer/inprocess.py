@@ -78,7 +78,7 @@ def train_in_process(
         if restored is not None:
             start_step, extra = restored
             ema = float(extra.get("ema", 0.0))
-            rng.setstate(_as_rng_state(extra["task_rng"]))
+            rng.setstate(as_rng_state(extra["task_rng"]))
     for step in range(start_step + 1, config.steps + 1):
         t0 = time.perf_counter()
         chosen = pick_tasks(rng, train_tasks, config.tasks_per_step)
@@ -171,8 +171,8 @@ def pick_tasks(rng: random.Random, tasks: Sequence[Any], n: int) -> list[Any]:
     return chosen
 
 
-def _as_rng_state(state: Any) -> tuple[Any, ...]:
-    """random.Random state restored from a checkpoint (torch.load may hand tuples back as lists)."""
+def as_rng_state(state: Any) -> tuple[Any, ...]:
+    """A random.Random state restored from a checkpoint (torch.load may hand tuples back as lists)."""
     version, internal, gauss = state
     return (version, tuple(internal), gauss)
 

@@ -26,7 +26,7 @@ from agentlightning.algorithm import Algorithm
 from agentlightning.store.base import LightningStore
 from agentlightning.types import LLM, Rollout, RolloutConfig, RolloutMode, RolloutRequest, Transition
 from agentlightning_trainer.config import LightningRLConfig
-from agentlightning_trainer.inprocess import pick_tasks, with_advantages
+from agentlightning_trainer.inprocess import as_rng_state, pick_tasks, with_advantages
 from agentlightning_trainer.metrics import MetricsLogger, StepMetrics, group_summary
 from agentlightning_trainer.policy_server import PolicyServerProcess, free_port
 from agentlightning_trainer.torch_backend.learner import TorchLearner
@@ -88,7 +88,12 @@ class LightningRL(Algorithm):
         n_server_threads: int = 1,
         **overrides: Any,
     ) -> None:
-        """Validate the config now (``overrides`` are config fields), before any model is built or served."""
+        """Validate the config now (``overrides`` are config fields), before any model is built or served.
+
+        ``upstream_url`` serves rollouts from an existing OpenAI-compatible server instead of starting the policy
+        server (weights are then not published to it: for checking the loop, not for training). ``run_dir`` holds
+        the published weights and the policy server's log (a temporary directory when None).
+        """
         base = config or LightningRLConfig()
         self.config = LightningRLConfig.model_validate({**base.model_dump(), **overrides}) if overrides else base
         from agentlightning.adapter import TraceAdapter  # validates the credit strategy name now
@@ -111,6 +116,8 @@ class LightningRL(Algorithm):
         val_tasks: Sequence[Any] | None = None,
     ) -> None:
         """Train for ``config.steps`` steps (or until ``stop_at_reward``) against ``store``."""
+        from agentlightning.proxy import flush_proxy_spans
+
         if not train_tasks:
             raise ValueError("LightningRL needs training tasks: trainer.fit(agent, train_tasks, val_tasks)")
         cfg = self.config
@@ -126,7 +133,7 @@ class LightningRL(Algorithm):
                 start_step, extra = restored
                 ema = float(extra.get("ema", 0.0))
                 self.version = int(extra.get("version", start_step))
-                rng.seed(f"{cfg.seed}-{start_step}")
+                rng.setstate(as_rng_state(extra["task_rng"]))
         weights = run_dir / "weights.pt"
         learner.save_weights(weights)
         server: PolicyServerProcess | None = None
@@ -149,8 +156,6 @@ class LightningRL(Algorithm):
                     t0 = time.perf_counter()
                     chosen = pick_tasks(rng, train_tasks, cfg.tasks_per_step)
                     rollouts = await self._run_rollouts(store, chosen, "train", proxy_url, cfg.temperature, step)
-                    from agentlightning.proxy import flush_proxy_spans
-
                     await flush_proxy_spans(proxy_app)
                     batch = await collect_batch(store, rollouts, self.adapter, max_prompt_tokens=cfg.max_prompt_tokens)
                     rollout_s = time.perf_counter() - t0
@@ -194,7 +199,7 @@ class LightningRL(Algorithm):
                         self.val_history.append((step, val))
                         metrics.log_validation(step, val)
                     if cfg.checkpoint_dir is not None and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
-                        state = {"ema": ema, "version": self.version}
+                        state = {"ema": ema, "version": self.version, "task_rng": rng.getstate()}
                         await asyncio.to_thread(learner.save_checkpoint, cfg.checkpoint_dir, step, state)
                     if stop:
                         break
