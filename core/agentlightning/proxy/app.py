@@ -339,7 +339,8 @@ class LLMProxy:
         text = content.decode(errors="replace")
         wanted = self._wanted[endpoint]
         token_ids = wanted.token_ids and not (added.token_ids and "return_token_ids" in text)
-        logprobs = wanted.logprobs and not (added.logprobs and ("logprobs" in text or "include" in text))
+        # Name-based: an unrelated 400 (bad messages, ...) must not switch anything off.
+        logprobs = wanted.logprobs and not (added.logprobs and "logprobs" in text)
         if (token_ids, logprobs) == (wanted.token_ids, wanted.logprobs):
             return False
         logger.warning(
