@@ -14,6 +14,7 @@ that wraps model clients defined later (e.g. ``autogen_ext.models.openai`` impor
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 import weakref
@@ -179,9 +180,15 @@ def _subclasses(root: type) -> Iterator[type]:
 
 
 def _wrap_openai() -> None:
+    if "openai" not in sys.modules:
+        return  # no OpenAI-based client in use yet; the subclass hook comes back here when one is defined
     for module_name in _OPENAI_MODULES:
-        module = sys.modules.get(module_name)
-        owner = getattr(module, "AsyncCompletions", None) if module is not None else None
+        # The SDK loads its resource modules lazily (on first ``client.chat``), so load them to patch them now.
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # an SDK version without this resource
+            continue
+        owner = getattr(module, "AsyncCompletions", None)
         if not isinstance(owner, type):
             continue
         for name in ("create", "parse"):
