@@ -316,7 +316,11 @@ class Runner:
 
         status: AttemptStatus = "succeeded"
         error: str | None = None
-        heartbeat = asyncio.create_task(self._heartbeat(rollout.rollout_id, attempt.attempt_id))
+        interval = self.heartbeat_interval_s
+        if rollout.config.heartbeat_timeout_s is not None:
+            # Beat at least three times per heartbeat timeout, so a slow default never makes a live attempt look dead.
+            interval = min(interval, rollout.config.heartbeat_timeout_s / 3)
+        heartbeat = asyncio.create_task(self._heartbeat(rollout.rollout_id, attempt.attempt_id, interval))
         try:
             with rollout_context(rollout.rollout_id, attempt.attempt_id):
                 try:
@@ -388,9 +392,9 @@ class Runner:
             self._resources[snapshot.resources_id] = snapshot
         return snapshot
 
-    async def _heartbeat(self, rollout_id: str, attempt_id: str) -> None:
+    async def _heartbeat(self, rollout_id: str, attempt_id: str, interval_s: float) -> None:
         while True:
-            await asyncio.sleep(self.heartbeat_interval_s)
+            await asyncio.sleep(interval_s)
             try:
                 await self.store.heartbeat(rollout_id, attempt_id)
             except StoreError as exc:  # the attempt is no longer live (watchdog, cancel): nothing to keep alive

@@ -10,7 +10,7 @@ import pytest
 
 from agentlightning.emit import final_reward
 from agentlightning.runner import Runner
-from agentlightning.store import InMemoryLightningStore
+from agentlightning.store import InMemoryLightningStore, Watchdog
 from agentlightning.store.base import LightningStore
 from agentlightning.store.sqlite import SqliteLightningStore
 from agentlightning.tracing import get_lightning_tracer
@@ -162,3 +162,13 @@ async def test_two_runners_in_one_process_share_the_process_tracer() -> None:
     assert [s.succeeded for s in stats] == [20, 20]
     await assert_each_finished_once(store, 40)
     assert get_lightning_tracer() is None  # the last runner out shut it down
+
+
+async def test_heartbeats_keep_a_slow_attempt_alive_under_the_watchdog() -> None:
+    store = InMemoryLightningStore()
+    rollout = await store.enqueue_rollout({"sleep": 1.0}, heartbeat_timeout_s=0.4, max_attempts=1)
+    # The runner's own interval (10 s) is far too slow for this rollout: it must beat faster on its own.
+    async with Watchdog(store, interval_s=0.05):
+        stats = await Runner(sleepy_sync, store, heartbeat_interval_s=10.0).run(max_rollouts=1)
+    assert stats.succeeded == 1
+    assert [a.status for a in await store.query_attempts(rollout.rollout_id)] == ["succeeded"]
