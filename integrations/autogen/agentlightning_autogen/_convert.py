@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from autogen_core import FunctionCall, Image
 from autogen_core.models import (
@@ -73,7 +73,9 @@ def _message_dicts(message: object) -> list[dict[str, Any]]:
             }
         ]
     if isinstance(message, FunctionExecutionResultMessage):
-        return [{"role": "tool", "tool_call_id": result.call_id, "content": result.content} for result in message.content]
+        return [
+            {"role": "tool", "tool_call_id": result.call_id, "content": result.content} for result in message.content
+        ]
     return [{"role": "user", "content": str(message)}]  # an LLMMessage type newer than this integration
 
 
@@ -86,7 +88,11 @@ def input_messages_json(messages: Sequence[object]) -> str:
 
 
 def _tool_definition(tool: object) -> dict[str, Any]:
-    schema: Mapping[str, Any] = tool.schema if isinstance(tool, Tool) else tool if isinstance(tool, Mapping) else {}
+    schema: Mapping[str, Any] = {}
+    if isinstance(tool, Tool):
+        schema = tool.schema
+    elif isinstance(tool, Mapping):
+        schema = cast(Mapping[str, Any], tool)  # a ToolSchema TypedDict
     function: dict[str, Any] = {"name": schema.get("name")}
     if "description" in schema:
         function["description"] = schema["description"]

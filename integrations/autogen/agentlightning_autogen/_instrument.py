@@ -197,7 +197,7 @@ def _wrap_openai() -> None:
                 _patch(owner, name, wrap_openai_create(method))
 
 
-def _on_new_client_class(cls: type, **kwargs: Any) -> None:
+def _on_new_client_class(cls: type[ChatCompletionClient], **kwargs: Any) -> None:
     """``ChatCompletionClient.__init_subclass__`` while instrumented: wrap clients defined after instrument()."""
     super(ChatCompletionClient, cls).__init_subclass__(**kwargs)
     try:

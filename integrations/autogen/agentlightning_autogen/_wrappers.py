@@ -20,7 +20,7 @@ unchanged, after recording them on the span.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, cast
@@ -426,7 +426,7 @@ def wrap_openai_create(original: Callable[..., Awaitable[Any]]) -> Callable[...,
         if call is None or call.span is None:
             return response
         try:
-            if isinstance(response, AsyncIterator):
+            if hasattr(response, "__anext__"):  # stream=True: an openai.AsyncStream of chunks
                 return _ObservedStream(response, call)
             _note_response(call, response)
         except Exception as error:

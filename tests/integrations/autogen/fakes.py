@@ -9,7 +9,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from autogen_agentchat.agents import AssistantAgent
-from autogen_agentchat.base import TaskResult
+from autogen_agentchat.base import ChatAgent, TaskResult, Team
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat
 from autogen_core import CancellationToken, FunctionCall
@@ -81,13 +81,13 @@ def _member(name: str, stream: bool) -> AssistantAgent:
 
 def round_robin_team(*, stream: bool = False) -> RoundRobinGroupChat:
     """Planner, solver and critic taking one turn each."""
-    members = [_member(name, stream) for name in TEAM]
+    members: list[ChatAgent | Team] = [_member(name, stream) for name in TEAM]
     return RoundRobinGroupChat(members, termination_condition=MaxMessageTermination(len(TEAM) + 1))
 
 
 def selector_team() -> SelectorGroupChat:
     """The same three agents; a selector model picks solver, then critic."""
-    members = [_member(name, False) for name in TEAM]
+    members: list[ChatAgent | Team] = [_member(name, False) for name in TEAM]
     selector = ReplayChatCompletionClient(["solver", "critic"], model_info=MODEL_INFO)
     return SelectorGroupChat(members, model_client=selector, termination_condition=MaxMessageTermination(3))
 

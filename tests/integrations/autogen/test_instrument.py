@@ -115,7 +115,12 @@ async def test_keep_runtime_spans(capture: SpanCapture) -> None:
     assert any(name.startswith("autogen process") for name in names)
     # Every runtime span of the run is under the team's span; agent creation spans are kept as their own traces.
     roots = sorted(span.name for span in spans if span.parent_id is None)
-    assert roots == ["create_agent critic", "create_agent planner", "create_agent solver", "invoke_agent RoundRobinGroupChat"]
+    assert roots == [
+        "create_agent critic",
+        "create_agent planner",
+        "create_agent solver",
+        "invoke_agent RoundRobinGroupChat",
+    ]
 
 
 def test_provider_errors_teach() -> None:
