@@ -92,6 +92,10 @@ class _Node:
     call_id: str | None = None  # function spans: set by LightningRunHooks.on_tool_start
     response_id: str | None = None  # non-streamed Chat Completions: set by the model wrapper of instrument()
     instructions: str | None = None  # LLM spans: the system prompt LightningRunHooks saw
+    # LLM spans are leaves, so they are created when the call ends, with its start time and every attribute at
+    # once (one attribute-cleaning pass instead of two: the cost that dominates); until then ``span`` is the parent.
+    llm_start_ns: int | None = None
+    llm_stamp: dict[str, AttributeValue] | None = None
 
 
 @dataclass(slots=True)
@@ -189,7 +193,7 @@ class LightningTracingProcessor(TracingProcessor):
                 traces, self._traces = self._traces, {}
                 self._hook_calls.clear()
             for node in nodes.values():
-                if node.owned:
+                if node.owned and node.llm_start_ns is None:
                     node.span.end()
             for state in traces.values():
                 state.root.end()
@@ -252,10 +256,14 @@ class LightningTracingProcessor(TracingProcessor):
         if found is None:
             return
         state, parent_span, agent = found
-        context = otel_trace.set_span_in_context(parent_span, Context())
+        if not isinstance(data, AgentSpanData | GenerationSpanData | ResponseSpanData | FunctionSpanData):
+            with self._lock:
+                self._nodes[span.span_id] = _Node(state, parent_span, agent, owned=False)
+            return
         attributes: dict[str, AttributeValue] = {**state.stamp, semconv.SPAN_SOURCE: semconv.SOURCE_HOOK}
         node: _Node
         if isinstance(data, AgentSpanData):
+            context = otel_trace.set_span_in_context(parent_span, Context())
             attributes[semconv.GEN_AI_OPERATION_NAME] = semconv.OP_INVOKE_AGENT
             attributes[semconv.GEN_AI_AGENT_NAME] = data.name
             own = state.tracer.start_span(f"{semconv.OP_INVOKE_AGENT} {data.name}", context, attributes=attributes)
@@ -265,28 +273,24 @@ class LightningTracingProcessor(TracingProcessor):
             attributes[semconv.GEN_AI_PROVIDER_NAME] = _PROVIDER
             if agent.name is not None:
                 attributes[semconv.GEN_AI_AGENT_NAME] = agent.name
-            model = data.model if isinstance(data, GenerationSpanData) else None
-            name = f"{semconv.OP_CHAT} {model}" if model else semconv.OP_CHAT
-            own = state.tracer.start_span(name, context, kind=SpanKind.CLIENT, attributes=attributes)
-            node = _Node(state, own, agent, owned=True)
-            with self._lock:
-                hook = self._hook_calls.get(span.parent_id) if span.parent_id is not None else None
-            if hook is not None:
-                # The model traces its own calls: the hook's record would be a duplicate, but its system prompt
-                # fills what a Responses object does not echo back.
-                hook.covered = True
-                node.instructions = hook.instructions
-        elif isinstance(data, FunctionSpanData):
+            node = _Node(state, parent_span, agent, owned=True, llm_start_ns=time.time_ns(), llm_stamp=attributes)
+        else:
             attributes[semconv.GEN_AI_OPERATION_NAME] = semconv.OP_EXECUTE_TOOL
             attributes[semconv.GEN_AI_TOOL_NAME] = data.name
             if agent.name is not None:
                 attributes[semconv.GEN_AI_AGENT_NAME] = agent.name
+            context = otel_trace.set_span_in_context(parent_span, Context())
             own = state.tracer.start_span(f"{semconv.OP_EXECUTE_TOOL} {data.name}", context, attributes=attributes)
             node = _Node(state, own, agent, owned=True)
-        else:
-            node = _Node(state, parent_span, agent, owned=False)
         with self._lock:
             self._nodes[span.span_id] = node
+            llm_hook = node.llm_start_ns is not None and span.parent_id is not None
+            hook = self._hook_calls.get(span.parent_id) if llm_hook and span.parent_id is not None else None
+        if hook is not None:
+            # The model traces its own calls: the hook's record would be a duplicate, but its system prompt fills
+            # what a Responses object does not echo back.
+            hook.covered = True
+            node.instructions = hook.instructions
 
     def _end_span(self, span: SdkSpan[Any]) -> None:
         with self._lock:
@@ -303,19 +307,28 @@ class LightningTracingProcessor(TracingProcessor):
             return
         if not node.owned:
             return
-        attributes: dict[str, AttributeValue] = {}
-        if isinstance(data, GenerationSpanData):
-            self._generation_attributes(data, node, attributes)
-        elif isinstance(data, ResponseSpanData):
-            self._response_attributes(data, node, attributes)
-        elif isinstance(data, FunctionSpanData):
-            self._function_attributes(data, node, attributes)
-        if attributes:
-            node.span.set_attributes(attributes)
+        if node.llm_start_ns is not None and node.llm_stamp is not None:
+            attributes = node.llm_stamp
+            if isinstance(data, GenerationSpanData):
+                self._generation_attributes(data, node, attributes)
+            elif isinstance(data, ResponseSpanData):
+                self._response_attributes(data, node, attributes)
+            model = attributes.get(semconv.GEN_AI_REQUEST_MODEL)
+            context = otel_trace.set_span_in_context(node.span, Context())
+            name = f"{semconv.OP_CHAT} {model}" if model else semconv.OP_CHAT
+            target = node.trace.tracer.start_span(
+                name, context, kind=SpanKind.CLIENT, attributes=attributes, start_time=node.llm_start_ns
+            )
+        else:
+            target = node.span
+            if isinstance(data, FunctionSpanData):
+                tool_attributes: dict[str, AttributeValue] = {}
+                self._function_attributes(data, node, tool_attributes)
+                target.set_attributes(tool_attributes)
         error = span.error
         if error is not None:
-            self._record_error(node.span, error.get("message") or "error", error.get("data"))
-        node.span.end()
+            self._record_error(target, error.get("message") or "error", error.get("data"))
+        target.end()
 
     def _record_error(self, span: Span, message: str, data: object) -> None:
         # The SDK reports a failure as data, but ends the span while the exception propagates (or is being
@@ -372,7 +385,6 @@ class LightningTracingProcessor(TracingProcessor):
         model = response.model
         if model:
             attributes[semconv.GEN_AI_REQUEST_MODEL] = str(model)
-            node.span.update_name(f"{semconv.OP_CHAT} {model}")
         if response.tools:
             attributes[semconv.GEN_AI_TOOL_DEFINITIONS] = _convert.to_json(_convert.tool_definitions(response.tools))
         if response.temperature is not None:
