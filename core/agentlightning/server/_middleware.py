@@ -105,6 +105,7 @@ class StoreEdgeMiddleware:
         self.token = token.encode() if token else None
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Check auth and size, run the app, turn an unhandled exception into a 500 and record metrics."""
@@ -180,9 +181,17 @@ class StoreEdgeMiddleware:
 
     def _record(self, scope: Scope, status: int, elapsed_s: float) -> None:
         route = getattr(scope.get("route"), "path", None) or "unmatched"
-        method = scope.get("method", "")
-        self.metrics.latency.labels(method, route).observe(elapsed_s)
-        self.metrics.responses.labels(method, route, str(status)).inc()
+        key = (scope.get("method", ""), route, status)
+        children = self._children.get(key)
+        if children is None:  # labels() costs a lock and a dict walk; routes x statuses are few, so keep them
+            method = key[0]
+            children = (
+                self.metrics.latency.labels(method, route),
+                self.metrics.responses.labels(method, route, str(status)),
+            )
+            self._children[key] = children
+        children[0].observe(elapsed_s)
+        children[1].inc()
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

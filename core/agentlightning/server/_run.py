@@ -6,10 +6,11 @@ import asyncio
 import ipaddress
 import logging
 import os
+import signal
 import socket
 import threading
 from collections.abc import Callable
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Final
 
 import uvicorn
@@ -67,9 +68,10 @@ def open_store(backend: str = "sqlite", *, path: str | None = None, dsn: str | N
 
 
 def _uvicorn_config(app: Any, host: str, port: int, log_level: str) -> uvicorn.Config:
-    # h11 + asyncio: no optional speedups are assumed installed; lifespan off because the store is managed here.
+    # http="auto" takes httptools when installed (about twice h11's speed), h11 otherwise. Lifespan off: the store's
+    # life is managed here, around the server.
     return uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off", loop="asyncio", http="h11"
+        app, host=host, port=port, log_level=log_level, access_log=False, lifespan="off", loop="asyncio", http="auto"
     )
 
 
@@ -97,7 +99,21 @@ def serve_store(
         finally:
             await store.close()
 
-    asyncio.run(run())
+    # uvicorn drains on SIGINT/SIGTERM, then re-raises the signal. With the default SIGTERM action that kills the
+    # process before the store is closed; as SystemExit it unwinds through the ``finally`` above.
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main else None
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is the normal way to stop a foreground server
+    finally:
+        if previous is not None:  # None: not the main thread, or a handler installed outside Python
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
 
 
 class StoreServer:

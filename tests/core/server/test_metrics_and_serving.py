@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -92,3 +98,31 @@ def test_store_server_port_zero_gets_a_real_port(store: InMemoryLightningStore) 
         assert httpx.get(f"{url}/health").status_code == 200
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health")
+
+
+def test_serve_store_prints_url_and_serves_sqlite(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    db = tmp_path / "nested" / "store.db"
+    code = f"from agentlightning.server import serve_store; serve_store(path={str(db)!r}, port={port}, token='t')"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert f"http://127.0.0.1:{port}" in line and "token required" in line
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                response = httpx.get(f"http://127.0.0.1:{port}/v1/statistics", headers={"authorization": "Bearer t"})
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "serve_store did not start listening"
+                time.sleep(0.05)
+        assert response.json()["total_rollouts"] == 0
+        assert db.exists()  # the parent folder was created
+    finally:
+        child.terminate()
+        assert child.wait(timeout=20) == 0  # SIGTERM: uvicorn drains, the store is closed, exit 0
+        if child.stdout is not None:
+            child.stdout.close()
