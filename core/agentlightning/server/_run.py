@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import ipaddress
 import logging
 import os
@@ -21,7 +22,7 @@ from agentlightning.store.base import LightningStore
 logger = logging.getLogger("agentlightning.server")
 
 TOKEN_ENV: Final = "AGENTLIGHTNING_TOKEN"
-BACKENDS: Final = ("sqlite", "memory")
+BACKENDS: Final = ("sqlite", "memory", "postgres")
 
 
 def is_loopback(host: str) -> bool:
@@ -60,10 +61,16 @@ def open_store(backend: str = "sqlite", *, path: str | None = None, dsn: str | N
 
         return InMemoryLightningStore()
     if backend in ("postgres", "postgresql"):
-        raise ValueError(
-            f"the postgres backend (dsn={dsn!r}) is not available in this version; use backend='sqlite' "
-            "for a single machine"
-        )
+        if not dsn:
+            raise ValueError("the postgres backend needs a dsn, e.g. dsn='postgresql://user@host/agentlightning'")
+        try:  # imported by name: the backend is optional and may be absent from this installation
+            module = importlib.import_module("agentlightning.store.postgres")
+        except ImportError as exc:
+            raise ValueError(
+                "the postgres backend is not available in this installation; use backend='sqlite' on one machine"
+            ) from exc
+        store_class: Callable[[str], LightningStore] = module.PostgresLightningStore
+        return store_class(dsn)
     raise ValueError(f"unknown store backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
