@@ -1,4 +1,4 @@
-"""Batched, retried delivery of proxy spans to the store, off the request path."""
+"""Batched, retried delivery of proxy spans to the store: concurrent calls share one write."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ class SpanWriter:
         self._batch_size = batch_size
         self._max_retries = max_retries
         self._pending: list[Span] = []
+        # Futures of callers waiting for their span to be stored, keyed by id(span); resolved once its batch is done.
+        self._waiters: dict[int, asyncio.Future[None]] = {}
         self._busy = False
         self._wakeup: asyncio.Event | None = None
         self._drained: asyncio.Event | None = None
@@ -39,6 +41,13 @@ class SpanWriter:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="agentlightning-proxy-spans")
         self._drained.clear()
         self._wakeup.set()
+
+    async def write(self, span: Span) -> None:
+        """Queue one span and wait until it is stored (or dropped); concurrent callers share one batch."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[id(span)] = future
+        self.submit(span)
+        await asyncio.shield(future)
 
     async def flush(self) -> None:
         """Wait until every queued span has been written (or dropped)."""
@@ -73,6 +82,11 @@ class SpanWriter:
                 await self._write(batch)
             finally:
                 self._busy = False
+                if self._waiters:
+                    for span in batch:
+                        future = self._waiters.pop(id(span), None)
+                        if future is not None and not future.done():
+                            future.set_result(None)
 
     async def _write(self, batch: list[Span]) -> None:
         for attempt in range(self._max_retries + 1):

@@ -132,6 +132,9 @@ class _StreamRelay:
         """The bytes the agent receives: verbatim, or event by event with added fields stripped."""
         record, added = self._record, self._added
         pending = b""
+        # The latest piece is held back until the next arrives, and the last one until the span is stored: when the
+        # agent sees its stream end, the call's span is already in the store (a runner may close the attempt then).
+        held: bytes | None = None
         try:
             async for data in self._upstream.aiter_bytes():
                 if record is None:
@@ -139,19 +142,24 @@ class _StreamRelay:
                     continue
                 events, pending = split_events(pending + data)
                 out = [self._fold(event) + b"\n\n" for event in events]
-                if added:
-                    if out:
-                        yield b"".join(out)
-                else:
-                    yield data  # unchanged bytes, as they came: the agent sees exactly what the upstream sent
+                # unchanged bytes, as they came, when nothing was added: the agent sees exactly what the upstream sent
+                piece = (b"".join(out) if out else None) if added else data
+                if piece is not None:
+                    if held is not None:
+                        yield held
+                    held = piece
             if record is not None and pending.strip():
                 out_tail = self._fold(pending)
                 if added:
-                    yield out_tail
+                    if held is not None:
+                        yield held
+                    held = out_tail
         except httpx.HTTPError as exc:
             await self.finish(f"the upstream stream broke: {exc!r}", type(exc).__name__)
             raise
         await self.finish(None)
+        if held is not None:
+            yield held
 
     def _fold(self, event: bytes) -> bytes:
         """Record one SSE event; return it as the agent should see it."""
@@ -184,7 +192,7 @@ class _StreamRelay:
             if error is not None and self._record.error is None:
                 self._record.error = error
                 self._record.error_type = error_type or "stream_cut"
-            self._proxy.submit(self._record)
+            await self._proxy.store_span(self._record)
         try:
             await self._upstream.aclose()
         except Exception as exc:  # closing a broken connection is best effort
@@ -253,6 +261,18 @@ class LLMProxy:
             self.writer.submit(record.to_span())
         except Exception:
             logger.exception("the LLM proxy could not build the span of a call of rollout %s", record.rollout_id)
+
+    async def store_span(self, record: CallRecord) -> None:
+        """Store the span of a finished call before the agent sees the end of the answer; never raises."""
+        try:
+            span = record.to_span()
+        except Exception:
+            logger.exception("the LLM proxy could not build the span of a call of rollout %s", record.rollout_id)
+            return
+        try:
+            await self.writer.write(span)
+        except Exception:  # the writer retries and counts drops itself; the agent's call must still complete
+            logger.exception("the LLM proxy could not store the span of a call of rollout %s", record.rollout_id)
 
     def _url(self, path: str) -> httpx.URL:
         url = self._urls.get(path)
@@ -400,7 +420,7 @@ class LLMProxy:
             error_body = await response.aread()
             await response.aclose()
             if not self._learn_rejection(endpoint, added, error_body):
-                return self._finish_whole(response, error_body, record, added)
+                return await self._finish_whole(response, error_body, record, added)
             added, content = self._additions(endpoint, body)  # strictly fewer additions: the loop ends
         if record is not None:
             record.policy_version = _policy_version(response)
@@ -417,9 +437,9 @@ class LLMProxy:
             return _error(502, message, "upstream_broken")
         finally:
             await response.aclose()
-        return self._finish_whole(response, response_body, record, added)
+        return await self._finish_whole(response, response_body, record, added)
 
-    def _finish_whole(
+    async def _finish_whole(
         self, response: httpx.Response, content: bytes, record: CallRecord | None, added: Additions
     ) -> Response:
         """Record a non-streamed answer (or an upstream error) and give it to the agent."""
@@ -439,7 +459,7 @@ class LLMProxy:
                         content = orjson.dumps(json_payload)
                 else:
                     record.error, record.error_type = "the upstream answer is not a JSON object", "bad_upstream_json"
-            self.submit(record)
+            await self.store_span(record)
         reply = Response(content, response.status_code)
         reply.raw_headers = [*_response_headers(response), (b"content-length", str(len(content)).encode())]
         return reply
@@ -494,9 +514,9 @@ def create_proxy_app(
     once more without it, and never again: its spans then lack that field.
 
     ``upstream_url`` is the upstream's OpenAI base URL (``http://host:8000/v1``; a bare ``http://host:8000`` gets
-    ``/v1``). ``upstream_api_key`` replaces the agent's ``Authorization`` header when set. Spans are written in
-    batches of up to ``span_batch_size`` off the request path; lifespan shutdown (or :func:`flush_proxy_spans`)
-    writes the rest.
+    ``/v1``). ``upstream_api_key`` replaces the agent's ``Authorization`` header when set. A call's span is stored
+    before the agent sees the end of the answer (so a runner that closes the attempt right after never races it);
+    concurrent calls share store writes in batches of up to ``span_batch_size``.
     """
     proxy = LLMProxy(
         store,

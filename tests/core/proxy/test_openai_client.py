@@ -188,3 +188,15 @@ def test_llm_resource_base_url_for_points_at_the_attempt_routes(rig: ProxyRig) -
     client.chat.completions.create(model=llm.model, messages=MESSAGES)
     assert [span.attempt_id for span in rig.spans(rollout_id)] == [attempt_id]
     assert LLM(base_url=rig.proxy.url, model="m", proxied=True).base_url_for(None, None) == rig.proxy.base_url
+
+
+def test_span_is_stored_before_the_agent_sees_the_answer_end(rig: ProxyRig) -> None:
+    # A runner closes the attempt as soon as the agent returns; the call's span must already be in the store then.
+    rollout_id, attempt_id = rig.new_attempt()
+    client = rig.client(rig.proxy.url_for(rollout_id, attempt_id))
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "one"}])
+    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "two"}], stream=True)
+    assert list(stream)
+    stored = asyncio.run(rig.store.query_spans(rollout_id))  # no flush on purpose
+    assert len(stored) == 2
+    assert all(s.attributes.get(sc.RESPONSE_TOKEN_IDS) for s in stored)
