@@ -12,7 +12,8 @@ from typing import Any
 
 import openai
 import pytest
-from agents import Model, RunHooks, Runner
+from agents import Agent, Model, RunHooks, Runner, function_tool
+from agents.testing import ScriptedModel, assistant_message, function_call
 from openai import AsyncOpenAI
 
 from agentlightning import semconv as sc
@@ -207,3 +208,29 @@ def test_run_sync(capture: SpanCapture) -> None:
         result = Runner.run_sync(build_team(scripted_models("math")), QUESTIONS["math"], hooks=LightningRunHooks())
     assert result.final_output == ANSWERS["math"]
     check_team_spans(capture.spans(), "math", "chat", rollout)
+
+
+async def test_tool_error_sent_to_the_model_is_recorded(capture: SpanCapture) -> None:
+    """With the SDK's default tool error handling the run goes on; the tool span still records the failure."""
+    instrument()
+
+    @function_tool
+    def lookup_weather(city: str) -> str:
+        """Look up today's weather in a city."""
+        raise ConnectionError(f"weather service for {city} is down")
+
+    model = ScriptedModel(
+        [[function_call("lookup_weather", {"city": "Paris"}, call_id="call-1")], [assistant_message("Sorry.")]]
+    )
+    agent = Agent(name="weather", instructions=WEATHER, model=model, tools=[lookup_weather])
+    with rollout_context("ro-tool-error", "at-tool-error"):
+        result = await Runner.run(agent, QUESTIONS["weather"], hooks=LightningRunHooks())
+    assert result.final_output == "Sorry."
+    (tool,) = by_start(capture.spans(), sc.OP_EXECUTE_TOOL)
+    assert tool.status.code == "ERROR"
+    assert tool.attributes[sc.GEN_AI_TOOL_CALL_ID] == "call-1"
+    # The SDK catches the exception and keeps only a (redacted) message, which is what the event can say.
+    (event,) = [event for event in tool.events if event.name == "exception"]
+    assert event.attributes["exception.type"] == tool.attributes[sc.ERROR_TYPE] == "agents.SpanError"
+    assert str(event.attributes["exception.message"]).startswith("Error running tool")
+    assert tool.attributes[sc.GEN_AI_TOOL_CALL_RESULT]  # the error message the model was given
