@@ -13,7 +13,7 @@ from agentlightning_trainer.inprocess import evaluate_greedy, train_in_process
 
 def _train(spec: PolicySpec, **overrides: object) -> tuple[float, float, int]:
     config = LightningRLConfig.model_validate(
-        {"policy": spec, "steps": 300, "seed": 0, "val_every": 1000, "stop_at_reward": 0.85, **overrides}
+        {"policy": spec, "steps": 300, "seed": 0, "val_every": 1000, "stop_at_reward": 0.8, **overrides}
     )
     result = train_in_process(config, tool_choice.tasks(), None, messages=tool_choice.messages, score=tool_choice.score)
     greedy = evaluate_greedy(result.policy, tool_choice.tasks(), tool_choice.messages, tool_choice.score, 6)

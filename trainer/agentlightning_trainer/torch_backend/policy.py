@@ -160,7 +160,7 @@ class Policy:
         out_ids: list[list[int]] = [[] for _ in range(b)]
         out_lps: list[list[float]] = [[] for _ in range(b)]
         finish = ["length"] * b
-        done = torch.zeros(b, dtype=torch.bool)
+        finished = [False] * b
         cached = isinstance(self.module, TinyGPT)
         past: list[Any] | None = None
         step_ids = ids
@@ -175,20 +175,22 @@ class Policy:
             scaled = logits / temps.clamp(min=1e-6)[:, None]
             sampled = torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator).squeeze(1)
             token = torch.where(greedy, logits.argmax(dim=-1), sampled)
-            token_lp = logprobs.gather(1, token[:, None]).squeeze(1)
+            token_lp = logprobs.gather(1, token[:, None]).squeeze(1).tolist()
+            token_list = token.tolist()
             for i in range(b):
-                if done[i]:
+                if finished[i]:
                     continue
-                tid = int(token[i])
+                tid = token_list[i]
                 out_ids[i].append(tid)
-                out_lps[i].append(float(token_lp[i]))
+                out_lps[i].append(token_lp[i])
                 if tid == self.tokenizer.eos_id:
                     finish[i] = "stop"
-                    done[i] = True
+                    finished[i] = True
                 elif len(out_ids[i]) >= budget[i]:
-                    done[i] = True
-            if bool(done.all()):
+                    finished[i] = True
+            if all(finished):
                 break
+            done = torch.tensor(finished)
             step_ids = torch.where(done, pad, token)[:, None]
             ids = torch.cat([ids, step_ids], dim=1)
             mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
