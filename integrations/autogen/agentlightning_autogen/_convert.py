@@ -7,6 +7,7 @@ Messages are written in the OpenAI chat shape (``role``, ``content``, ``tool_cal
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -18,7 +19,7 @@ from autogen_core.models import (
     SystemMessage,
     UserMessage,
 )
-from autogen_core.tools import Tool
+from autogen_core.tools import BaseTool
 from opentelemetry.util.types import AttributeValue
 
 from agentlightning import semconv
@@ -87,23 +88,41 @@ def input_messages_json(messages: Sequence[object]) -> str:
     return to_json(out)
 
 
-def _tool_definition(tool: object) -> dict[str, Any]:
+def _tool_definition(tool: object) -> str:
     schema: Mapping[str, Any] = {}
-    if isinstance(tool, Tool):
-        schema = tool.schema
-    elif isinstance(tool, Mapping):
+    if isinstance(tool, Mapping):
         schema = cast(Mapping[str, Any], tool)  # a ToolSchema TypedDict
+    else:
+        # Not isinstance(tool, Tool): Tool is a runtime-checkable Protocol, and checking it evaluates the ``schema``
+        # property, which builds a pydantic JSON schema (about a millisecond).
+        found = getattr(tool, "schema", None)
+        if isinstance(found, Mapping):
+            schema = cast(Mapping[str, Any], found)
     function: dict[str, Any] = {"name": schema.get("name")}
     if "description" in schema:
         function["description"] = schema["description"]
     if "parameters" in schema:
         function["parameters"] = schema["parameters"]
-    return {"type": "function", "function": function}
+    return to_json({"type": "function", "function": function})
+
+
+# A tool's definition is built once per tool object: agents pass the same tools to every model call.
+_definitions: weakref.WeakKeyDictionary[BaseTool[Any, Any], str] = weakref.WeakKeyDictionary()
 
 
 def tool_definitions_json(tools: Sequence[object]) -> str:
     """``gen_ai.tool.definitions`` in the OpenAI ``tools`` shape, from AutoGen tools or tool schemas."""
-    return to_json([_tool_definition(tool) for tool in tools])
+    parts: list[str] = []
+    for tool in tools:
+        if isinstance(tool, BaseTool):
+            known = cast(BaseTool[Any, Any], tool)
+            definition = _definitions.get(known)
+            if definition is None:
+                definition = _definitions[known] = _tool_definition(known)
+        else:
+            definition = _tool_definition(tool)
+        parts.append(definition)
+    return "[" + ",".join(parts) + "]"
 
 
 def result_attributes(result: CreateResult) -> dict[str, AttributeValue]:
