@@ -32,6 +32,7 @@ from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, Status
 from opentelemetry.util.types import AttributeValue
 
 from agentlightning import semconv
+from agentlightning.tracing import current_rollout
 from agentlightning_autogen._convert import (
     input_messages_json,
     result_attributes,
@@ -92,6 +93,14 @@ def _request_model(client: object) -> str | None:
     return model if isinstance(model, str) else None
 
 
+def _stamp(attributes: dict[str, AttributeValue]) -> None:
+    """Name the rollout and attempt explicitly, from the context of the call that opens the span."""
+    rollout = current_rollout()
+    if rollout is not None:
+        attributes[semconv.ROLLOUT_ID] = rollout.rollout_id
+        attributes[semconv.ATTEMPT_ID] = rollout.attempt_id
+
+
 def _parent_context(state: InstrumentState) -> tuple[Context | None, str | None]:
     """The context to start a span in (None: the current one) and the agent name of its parent."""
     current = trace.get_current_span()
@@ -117,6 +126,7 @@ def start_llm_span(client: object, args: tuple[Any, ...], kwargs: Mapping[str, A
         semconv.GEN_AI_AGENT_NAME: agent or FALLBACK_AGENT,
         semconv.SPAN_SOURCE: semconv.SOURCE_HOOK,
     }
+    _stamp(attributes)
     tools = kwargs.get("tools")
     if tools:
         attributes[semconv.GEN_AI_TOOL_DEFINITIONS] = tool_definitions_json(tools)
@@ -150,6 +160,13 @@ def finish_llm_span(call: LLMCall, result: CreateResult | None, error: BaseExcep
     if span is None:
         return
     try:
+        _complete(span, call, result, error)
+    except Exception as failure:
+        report_failure("LLM span end", failure)
+
+
+def _complete(span: Span, call: LLMCall, result: CreateResult | None, error: BaseException | None) -> None:
+    try:
         if result is not None:
             attributes = result_attributes(result)
             if call.response_id is not None:
@@ -160,8 +177,6 @@ def finish_llm_span(call: LLMCall, result: CreateResult | None, error: BaseExcep
         # A consumer that stops iterating a stream early closes it with GeneratorExit: not a failure of the model.
         if error is not None and not isinstance(error, GeneratorExit):
             record_error(span, error)
-    except Exception as failure:
-        report_failure("LLM span end", failure)
     finally:
         span.end()  # a span we failed to complete is still closed and delivered
 
@@ -329,6 +344,7 @@ def start_team_span(team: Any) -> Span | None:
         semconv.GEN_AI_AGENT_NAME: name,
         semconv.SPAN_SOURCE: semconv.SOURCE_HOOK,
     }
+    _stamp(attributes)
     return state.tracer.start_span(f"{semconv.OP_INVOKE_AGENT} {name}", context=context, attributes=attributes)
 
 
@@ -361,9 +377,20 @@ async def _recorded_team_stream(team: Any, stream: AsyncGenerator[Any]) -> Async
             await stream.aclose()
         finally:
             if span is not None:
-                if failure is not None and not isinstance(failure, GeneratorExit):
-                    record_error(span, failure)
-                span.end()
+                _end_team_span(span, failure)
+
+
+def _end_team_span(span: Span, failure: BaseException | None) -> None:
+    try:
+        if failure is not None and not isinstance(failure, GeneratorExit):
+            record_error(span, failure)
+    except Exception as error:
+        report_failure("team span end", error)
+    finally:
+        try:
+            span.end()
+        except Exception as error:
+            report_failure("team span end", error)
 
 
 def wrap_team_run_stream(original: Callable[..., AsyncGenerator[Any]]) -> Callable[..., AsyncGenerator[Any]]:
