@@ -8,12 +8,15 @@ import uuid
 from typing import Any
 
 import pytest
+from autogen_core.models import UserMessage
 
 from agentlightning import semconv
 from agentlightning.tracing import rollout_context
 from agentlightning.types.spans import Span
+from agentlightning_autogen import _processor
 from tests.integrations.autogen.fakes import (
     TEAM,
+    ScriptedClient,
     calculator_agent,
     round_robin_team,
     run_task,
@@ -160,3 +163,43 @@ async def test_outside_a_rollout_nothing_is_stored(capture: SpanCapture) -> None
     """Spans of runs outside any rollout cannot be attributed, so none reach the sink."""
     await run_task(calculator_agent(), stream=False)
     assert capture.spans() == []
+
+
+async def test_model_failure_recorded_on_llm_and_agent_spans(capture: SpanCapture) -> None:
+    """The user's model client raising: the LLM span and the agent span record it; the caller gets it unchanged."""
+    error = ConnectionError("model endpoint unreachable")
+    rollout_id, attempt_id = _ids()
+    with rollout_context(rollout_id, attempt_id), pytest.raises(ConnectionError) as raised:
+        await run_task(calculator_agent(fail_with=error), stream=False)
+    assert raised.value is error
+    spans = capture.spans(rollout_id)
+    assert_span_tree(spans)
+    failed = {span.name for span in spans if span.status.code == "ERROR"}
+    assert failed == {"chat", "invoke_agent calculator"}
+    (llm,) = [span for span in _by_op(spans, semconv.OP_CHAT) if span.status.code == "ERROR"]
+    assert llm.attributes[semconv.ERROR_TYPE] == "ConnectionError"
+    assert semconv.GEN_AI_OUTPUT_MESSAGES not in llm.attributes
+
+
+async def test_stream_closed_early_is_not_an_error(capture: SpanCapture) -> None:
+    """A consumer that stops a model stream early: the span ends, without an error, with no output."""
+    client = ScriptedClient(["one two three four"])
+    rollout_id, attempt_id = _ids()
+    with rollout_context(rollout_id, attempt_id):
+        stream = client.create_stream([UserMessage(content="count", source="user")])
+        assert await anext(stream) == "one "
+        await stream.aclose()
+    (span,) = capture.spans(rollout_id)
+    assert span.status.code != "ERROR"
+    assert semconv.GEN_AI_OUTPUT_MESSAGES not in span.attributes
+
+
+async def test_no_span_left_open(capture: SpanCapture) -> None:
+    """After runs of every kind the processor holds no open span and no tool span waiting for its result."""
+    with rollout_context(*_ids()):
+        await run_task(calculator_agent(stream=True), stream=True)
+        await run_task(round_robin_team(), stream=False)
+        await run_task(selector_team(), stream=False)
+    state = _processor.active_state()
+    assert state is not None
+    assert state.processor.open_spans == 0
