@@ -13,6 +13,8 @@ provider, is the bridge into Agent Lightning's pipeline:
   whose parent was dropped is re-parented to its nearest kept ancestor, so every stored parent exists.
 - **Agents.** It remembers the agent name of every open kept span (its own ``gen_ai.agent.name`` or its parent's), so
   the model-client wrapper can name the agent of an LLM call from the current span without walking OTel contexts.
+- **Same provider.** A Lightning tracer built on this provider (``init_tracing(sink, provider=...)``) gets every
+  span directly; then nothing is forwarded (no duplicates), so runtime spans are stored and tool results are not.
 - **Tool results.** AutoGen ends its tool span inside ``BaseTool.run_json``, before the result reaches our wrapper;
   the span of a wrapped call is held back at its end and released by the wrapper with arguments and result added.
 """
@@ -234,6 +236,10 @@ class AutogenSpanProcessor(SpanProcessor):
                     span.set_attribute(semconv.GEN_AI_TOOL_CALL_ARGUMENTS, tool.arguments)
                 else:
                     tool = None
+        if lightning.provider is self._provider:
+            # The Lightning tracer was built on this very provider, so its processor already gets every span
+            # directly: forwarding would store each span twice. (Nothing can be filtered or held back then.)
+            return
         target = lightning.processor
         target.on_start(span, parent_context)
         with self._lock:

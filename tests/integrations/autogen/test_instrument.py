@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 import agentlightning_autogen
 from agentlightning import semconv
-from agentlightning.tracing import rollout_context
+from agentlightning.tracing import ListSpanSink, init_tracing, rollout_context, shutdown_tracing
 from tests.integrations.autogen.fakes import MODEL_INFO, ScriptedClient, calculator_agent, round_robin_team, run_task
 from tests.integrations.conformance import SpanCapture, assert_span_tree, shape
 
@@ -177,3 +177,23 @@ async def test_single_agent_run_is_unchanged(capture: SpanCapture) -> None:
     with rollout_context(f"ro-{uuid.uuid4().hex}", f"at-{uuid.uuid4().hex}"):
         result = await run_task(calculator_agent(), stream=False)
     assert [message.to_text() for message in result.messages][-1] == "The sum is 5."
+
+
+async def test_lightning_tracer_on_the_same_provider_stores_each_span_once() -> None:
+    """init_tracing on AutoGen's own provider: its processor sees every span directly, ours forwards none."""
+    agentlightning_autogen.instrument()
+    try:
+        provider = trace.get_tracer_provider()
+        assert isinstance(provider, TracerProvider)
+        sink = ListSpanSink()
+        tracer = init_tracing(sink, provider=provider)
+        rollout_id = f"ro-{uuid.uuid4().hex}"
+        with rollout_context(rollout_id, f"at-{uuid.uuid4().hex}"):
+            await run_task(calculator_agent(), stream=False)
+        assert tracer.flush(timeout_s=10.0)
+        spans = [span for span in sink.spans if span.rollout_id == rollout_id]
+        assert len({span.span_id for span in spans}) == len(spans)
+        assert {"chat", "execute_tool add", "invoke_agent calculator"} <= {span.name for span in spans}
+    finally:
+        shutdown_tracing()
+        agentlightning_autogen.uninstrument()
