@@ -141,6 +141,7 @@ class LightningStoreClient(LightningStore):
         if keyed:
             headers[m.IDEMPOTENCY_HEADER] = uuid.uuid4().hex  # the same key on every retry of this call
         timeout = self.timeout_s + wait_s
+        url = self.url + path  # absolute: httpx parses it once instead of parsing and merging with base_url
         failure = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
@@ -148,7 +149,7 @@ class LightningStoreClient(LightningStore):
                 await asyncio.sleep(delay * (0.5 + random.random() / 2))  # jitter: retrying workers spread out
             try:
                 response = await client.request(
-                    method, path, content=body, params=params, headers=headers, timeout=timeout
+                    method, url, content=body, params=params, headers=headers, timeout=timeout
                 )
             except httpx.TransportError as exc:  # connect/read errors and timeouts
                 failure = f"{type(exc).__name__}: {exc}"
