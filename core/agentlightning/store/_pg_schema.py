@@ -1,0 +1,221 @@
+"""PostgreSQL schema (versioned migrations) and the row access the shared state machine runs on.
+
+The state machine (:mod:`agentlightning.store._statemachine`) reads and writes rows synchronously, while psycopg's
+async connections need ``await``. :class:`PrefetchedTxn` bridges the two: a backend op first loads (and locks,
+``FOR UPDATE``) every row the state machine will read, the state machine runs on those rows in memory and records
+its writes, and :meth:`PrefetchedTxn.flush` writes them back, all in one database transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from psycopg import AsyncConnection
+
+from agentlightning.store._sqlite_schema import (
+    ATTEMPT_COLUMNS,
+    ROLLOUT_COLUMNS,
+    attempt_from_row,
+    dumps_json,
+    rollout_from_row,
+)
+from agentlightning.types import Attempt, Rollout
+
+# (version, description, SQL). Append new migrations; never edit a released one.
+MIGRATIONS: Final[tuple[tuple[int, str, str], ...]] = (
+    (
+        1,
+        "rollouts, attempts, spans, resources",
+        """
+        CREATE TABLE rollouts (
+            seq BIGSERIAL PRIMARY KEY, rollout_id TEXT NOT NULL UNIQUE, status TEXT NOT NULL,
+            mode TEXT, group_id TEXT, resources_id TEXT, input BYTEA NOT NULL, config BYTEA NOT NULL,
+            metadata BYTEA NOT NULL, enqueue_time BIGINT NOT NULL, start_time BIGINT, end_time BIGINT,
+            num_attempts INTEGER NOT NULL);
+        -- partial index in enqueue order: a claim reads its first unlocked row instead of sorting the queue
+        CREATE INDEX rollouts_claimable ON rollouts(seq) WHERE status IN ('queuing', 'requeuing');
+        CREATE INDEX rollouts_status ON rollouts(status);
+        CREATE INDEX rollouts_group ON rollouts(group_id);
+        CREATE TABLE attempts (
+            rollout_id TEXT NOT NULL, attempt_id TEXT NOT NULL UNIQUE, sequence_id INTEGER NOT NULL,
+            status TEXT NOT NULL, worker_id TEXT, start_time BIGINT NOT NULL, end_time BIGINT,
+            last_heartbeat_time BIGINT, error TEXT, resources_id TEXT, span_count INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (rollout_id, sequence_id));
+        CREATE INDEX attempts_live ON attempts(status) WHERE status IN ('preparing', 'running');
+        CREATE TABLE spans (
+            rollout_id TEXT NOT NULL, attempt_seq INTEGER NOT NULL, sequence_id INTEGER NOT NULL,
+            attempt_id TEXT NOT NULL, span_id TEXT NOT NULL, name TEXT NOT NULL, data BYTEA NOT NULL,
+            PRIMARY KEY (attempt_id, span_id));
+        CREATE UNIQUE INDEX spans_order ON spans(rollout_id, attempt_seq, sequence_id);
+        CREATE TABLE resources (version INTEGER PRIMARY KEY, resources_id TEXT NOT NULL UNIQUE, data BYTEA NOT NULL)
+        """,
+    ),
+)
+
+SELECT_ROLLOUT: Final = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts"
+SELECT_ATTEMPT: Final = f"SELECT {ATTEMPT_COLUMNS} FROM attempts"
+TERMINAL_SQL: Final = "('succeeded', 'failed', 'cancelled')"
+# Oldest claimable rollout nobody else is claiming right now, plus the latest resources id, in one round trip.
+CLAIM_SQL: Final = (
+    f"SELECT {ROLLOUT_COLUMNS}, (SELECT resources_id FROM resources ORDER BY version DESC LIMIT 1) FROM rollouts "
+    "WHERE status IN ('queuing', 'requeuing') ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED"
+)
+_INSERT_ROLLOUTS: Final = (
+    f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) "
+    "SELECT r, s, m, g, res, i, c, md, et, st, en, n FROM unnest("
+    "%s::text[], %s::text[], %s::text[], %s::text[], %s::text[], %s::bytea[], %s::bytea[], %s::bytea[], "
+    "%s::bigint[], %s::bigint[], %s::bigint[], %s::int[]) "
+    "WITH ORDINALITY AS u(r, s, m, g, res, i, c, md, et, st, en, n, o) ORDER BY o"
+)
+_UPDATE_ROLLOUT: Final = (
+    "UPDATE rollouts SET status = %s, metadata = %s, start_time = %s, end_time = %s, num_attempts = %s "
+    "WHERE rollout_id = %s"
+)
+_INSERT_ATTEMPT: Final = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+# GREATEST: a span batch may have moved the heartbeat on since this transaction read the attempt.
+_UPDATE_ATTEMPT: Final = (
+    "UPDATE attempts SET status = %s, end_time = %s, error = %s, "
+    "last_heartbeat_time = GREATEST(last_heartbeat_time, %s) WHERE attempt_id = %s"
+)
+
+
+class PrefetchedTxn:
+    """The state machine's row access over rows loaded before it runs; writes are kept until :meth:`flush`.
+
+    Reading a row that was not loaded is a bug in the calling op, so it raises instead of guessing.
+    """
+
+    def __init__(self) -> None:
+        self.rollouts: dict[str, Rollout | None] = {}
+        self.attempts: dict[str, list[Attempt]] = {}
+        self.claimable: Rollout | None = None
+        self.live: list[Attempt] = []
+        self.known_resources: set[str] = set()
+        self.latest_resources: str | None = None
+        self._new_rollouts: list[Rollout] = []
+        self._changed_rollouts: dict[str, Rollout] = {}
+        self._new_attempts: list[Attempt] = []
+        self._changed_attempts: dict[str, Attempt] = {}
+
+    # --- loading -------------------------------------------------------------------------------------------------
+    async def load_rollouts(self, conn: AsyncConnection[Any], rollout_ids: Sequence[str], *, lock: bool) -> None:
+        """Load rollouts (locked ``FOR UPDATE`` in enqueue order when ``lock``) and all their attempts."""
+        ids = list(dict.fromkeys(rollout_ids))
+        suffix = " ORDER BY seq FOR UPDATE" if lock else ""
+        cursor = await conn.execute(f"{SELECT_ROLLOUT} WHERE rollout_id = ANY(%s){suffix}", (ids,), binary=True)
+        found = {row[0]: rollout_from_row(row) for row in await cursor.fetchall()}
+        for rollout_id in ids:
+            self.rollouts[rollout_id] = found.get(rollout_id)
+            self.attempts[rollout_id] = []
+        if not found:
+            return
+        cursor = await conn.execute(
+            f"{SELECT_ATTEMPT} WHERE rollout_id = ANY(%s) ORDER BY rollout_id, sequence_id", (list(found),)
+        )
+        for row in await cursor.fetchall():
+            self.attempts[row[0]].append(attempt_from_row(row))
+
+    # --- StoreTxn ------------------------------------------------------------------------------------------------
+    def get_rollout(self, rollout_id: str) -> Rollout | None:
+        if rollout_id not in self.rollouts:
+            raise RuntimeError(f"bug: rollout {rollout_id} was read by the state machine but not loaded first")
+        return self.rollouts[rollout_id]
+
+    def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None:
+        self._new_rollouts.extend(rollouts)
+        for rollout in rollouts:
+            self.rollouts[rollout.rollout_id] = rollout
+            self.attempts[rollout.rollout_id] = []
+
+    def update_rollout(self, rollout: Rollout) -> None:
+        self.rollouts[rollout.rollout_id] = rollout
+        self._changed_rollouts[rollout.rollout_id] = rollout
+
+    def first_claimable(self) -> Rollout | None:
+        return self.claimable
+
+    def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
+        return next((a for a in self.list_attempts(rollout_id) if a.attempt_id == attempt_id), None)
+
+    def list_attempts(self, rollout_id: str) -> list[Attempt]:
+        if rollout_id not in self.attempts:
+            raise RuntimeError(f"bug: attempts of {rollout_id} were read by the state machine but not loaded first")
+        return list(self.attempts[rollout_id])
+
+    def insert_attempt(self, attempt: Attempt) -> None:
+        self._new_attempts.append(attempt)
+        self.attempts.setdefault(attempt.rollout_id, []).append(attempt)
+
+    def update_attempt(self, attempt: Attempt) -> None:
+        attempts = self.attempts.setdefault(attempt.rollout_id, [])
+        for index, known in enumerate(attempts):
+            if known.attempt_id == attempt.attempt_id:
+                attempts[index] = attempt
+        self._changed_attempts[attempt.attempt_id] = attempt
+
+    def live_attempts(self) -> list[Attempt]:
+        return list(self.live)
+
+    def resources_exist(self, resources_id: str) -> bool:
+        return resources_id in self.known_resources
+
+    def latest_resources_id(self) -> str | None:
+        return self.latest_resources
+
+    # --- writing -------------------------------------------------------------------------------------------------
+    async def flush(self, conn: AsyncConnection[Any]) -> None:
+        """Write every recorded change (inside the caller's transaction)."""
+        async with conn.cursor() as cursor:
+            if self._new_rollouts:
+                await cursor.execute(_INSERT_ROLLOUTS, _rollout_columns(self._new_rollouts))
+            if self._new_attempts:
+                await cursor.executemany(
+                    _INSERT_ATTEMPT,
+                    [
+                        (a.rollout_id, a.attempt_id, a.sequence_id, a.status, a.worker_id, a.start_time, a.end_time,
+                         a.last_heartbeat_time, a.error, a.resources_id)
+                        for a in self._new_attempts
+                    ],
+                )  # fmt: skip
+            if self._changed_attempts:
+                await cursor.executemany(
+                    _UPDATE_ATTEMPT,
+                    [
+                        (a.status, a.end_time, a.error, a.last_heartbeat_time, a.attempt_id)
+                        for a in self._changed_attempts.values()
+                    ],
+                )
+            if self._changed_rollouts:
+                await cursor.executemany(
+                    _UPDATE_ROLLOUT,
+                    [
+                        (r.status, dumps_json(r.metadata, f"metadata of rollout {r.rollout_id}"), r.start_time,
+                         r.end_time, r.num_attempts, r.rollout_id)
+                        for r in self._changed_rollouts.values()
+                        if r.rollout_id not in {n.rollout_id for n in self._new_rollouts}
+                    ],
+                )  # fmt: skip
+
+
+def _rollout_columns(rollouts: Sequence[Rollout]) -> tuple[list[Any], ...]:
+    """Column arrays of new rollouts for the ``unnest`` insert (one statement for any batch size)."""
+    columns: tuple[list[Any], ...] = tuple([] for _ in range(12))
+    for r in rollouts:
+        values = (
+            r.rollout_id,
+            r.status,
+            r.mode,
+            r.group_id,
+            r.resources_id,
+            dumps_json(r.input, f"input of rollout {r.rollout_id}"),
+            r.config.__pydantic_serializer__.to_json(r.config),
+            dumps_json(r.metadata, f"metadata of rollout {r.rollout_id}"),
+            r.enqueue_time,
+            r.start_time,
+            r.end_time,
+            r.num_attempts,
+        )
+        for column, value in zip(columns, values, strict=True):
+            column.append(value)
+    return columns

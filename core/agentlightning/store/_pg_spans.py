@@ -1,0 +1,74 @@
+"""Span ingest for the PostgreSQL store: lock the attempts, skip spans already stored, one multi-row insert."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from psycopg import AsyncConnection
+
+from agentlightning.types import Span
+
+# Attempt rows are locked in id order, so two batches touching the same attempts cannot deadlock.
+_LOCK_ATTEMPTS: Final = (
+    "SELECT attempt_id, rollout_id, sequence_id, span_count, status IN ('preparing', 'running') FROM attempts "
+    "WHERE attempt_id = ANY(%s) ORDER BY attempt_id FOR UPDATE"
+)
+_EXISTING: Final = (
+    "SELECT s.attempt_id, s.span_id, s.data FROM spans s "
+    "JOIN unnest(%s::text[], %s::text[]) AS k(a, i) ON s.attempt_id = k.a AND s.span_id = k.i"
+)
+_INSERT: Final = (
+    "INSERT INTO spans (rollout_id, attempt_seq, sequence_id, attempt_id, span_id, name, data) "
+    "SELECT * FROM unnest(%s::text[], %s::int[], %s::int[], %s::text[], %s::text[], %s::text[], %s::bytea[])"
+)
+# A span proves life only for its own live attempt; a superseded (terminal) one keeps its state.
+_UPDATE_ATTEMPTS: Final = (
+    "UPDATE attempts AS a SET span_count = u.c, "
+    "last_heartbeat_time = CASE WHEN u.live THEN GREATEST(a.last_heartbeat_time, %s) ELSE a.last_heartbeat_time END "
+    "FROM unnest(%s::text[], %s::int[], %s::bool[]) AS u(id, c, live) WHERE a.attempt_id = u.id"
+)
+
+
+async def store_spans(
+    conn: AsyncConnection[Any], spans: Sequence[Span], keys: Sequence[tuple[str, str]], now: int
+) -> list[Span] | tuple[str, str]:
+    """Store ``spans`` inside the caller's transaction; returns them as stored (with sequence ids).
+
+    Returns the first (rollout_id, attempt_id) of ``keys`` that names no attempt instead, having written nothing.
+    """
+    cursor = await conn.execute(_LOCK_ATTEMPTS, ([attempt_id for _, attempt_id in keys],))
+    # attempt_id -> [attempt sequence, spans stored so far, live?]
+    state: dict[str, list[Any]] = {}
+    owners: dict[str, str] = {}
+    for attempt_id, rollout_id, sequence_id, span_count, live in await cursor.fetchall():
+        state[attempt_id] = [sequence_id, span_count, live]
+        owners[attempt_id] = rollout_id
+    for rollout_id, attempt_id in keys:
+        if owners.get(attempt_id) != rollout_id:
+            return rollout_id, attempt_id
+    existing: dict[tuple[str, str], Span] = {}
+    if any(entry[1] for entry in state.values()):  # a fresh attempt has nothing to deduplicate against
+        cursor = await conn.execute(_EXISTING, ([s.attempt_id for s in spans], [s.span_id for s in spans]), binary=True)
+        for attempt_id, span_id, data in await cursor.fetchall():
+            existing[(attempt_id, span_id)] = Span.model_validate_json(data)
+    stored: list[Span] = []
+    columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
+    for span in spans:
+        key = (span.attempt_id, span.span_id)
+        found = existing.get(key)
+        if found is None:
+            entry = state[span.attempt_id]
+            entry[1] += 1
+            found = span.model_copy(update={"sequence_id": entry[1]})
+            existing[key] = found
+            row = (span.rollout_id, entry[0], entry[1], span.attempt_id, span.span_id, span.name)
+            for column, value in zip(columns, (*row, found.__pydantic_serializer__.to_json(found)), strict=True):
+                column.append(value)
+        stored.append(found)
+    async with conn.cursor() as writer:
+        if columns[0]:
+            await writer.execute(_INSERT, columns)
+        ids = list(state)
+        await writer.execute(_UPDATE_ATTEMPTS, (now, ids, [state[i][1] for i in ids], [bool(state[i][2]) for i in ids]))
+    return stored

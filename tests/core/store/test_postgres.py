@@ -1,0 +1,159 @@
+"""The conformance suite against PostgresLightningStore on a real PostgreSQL server, plus PostgreSQL specifics.
+
+The server is a throwaway cluster (``agentlightning.testing.postgres``) started once per session; each test gets a
+fresh schema. Claims from several processes, migrations and concurrency under SKIP LOCKED are checked here; killing
+a store server mid-ingest is in ``tests/scale/test_faults.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+
+import psycopg
+import pytest
+
+from agentlightning.store import LightningStore, StoreError, SyncLightningStore
+from agentlightning.store.postgres import MIGRATIONS, PostgresLightningStore
+from agentlightning.testing.postgres import PostgresCluster
+from agentlightning.types import RolloutRequest
+from tests.core.store.conformance import FakeClock, StoreConformance, spans_of
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PostgresCluster]:
+    """One throwaway PostgreSQL server for the whole session."""
+    with PostgresCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def pg_dsn(pg_cluster: PostgresCluster) -> str:
+    """DSN of a fresh, empty schema."""
+    return pg_cluster.create_schema()
+
+
+class TestPostgresStore(StoreConformance):
+    """PostgresLightningStore passes the shared suite."""
+
+    @pytest.fixture
+    async def store(self, clock: FakeClock, pg_dsn: str) -> AsyncIterator[LightningStore]:
+        store = PostgresLightningStore(pg_dsn, clock=clock)
+        yield store
+        await store.close()
+
+
+async def test_everything_survives_reopening(pg_dsn: str) -> None:
+    store = PostgresLightningStore(pg_dsn)
+    await store.enqueue_rollouts([RolloutRequest(input={"i": i}, metadata={"m": i}) for i in range(3)])
+    claimed = await store.claim_rollout("w")
+    assert claimed is not None
+    await store.add_spans(spans_of(claimed, 3))
+    snapshot = await store.add_resources({})
+    await store.close()
+    await store.close()  # idempotent
+
+    again = PostgresLightningStore(pg_dsn)
+    assert [r.input for r in await again.query_rollouts()] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert (await again.get_rollout(claimed.rollout.rollout_id)).status == "preparing"
+    assert [s.sequence_id for s in await again.query_spans(claimed.rollout.rollout_id)] == [1, 2, 3]
+    assert await again.get_resources() == snapshot
+    assert [s.sequence_id for s in await again.add_spans(spans_of(claimed, 2, start=3))] == [4, 5]
+    assert await again.schema_version() == MIGRATIONS[-1][0]
+    await again.close()
+
+
+async def test_closed_store_says_so(pg_dsn: str) -> None:
+    store = PostgresLightningStore(pg_dsn)
+    await store.close()
+    with pytest.raises(StoreError, match="closed"):
+        await store.enqueue_rollout(1)
+
+
+async def test_newer_schema_is_refused(pg_dsn: str) -> None:
+    store = PostgresLightningStore(pg_dsn)
+    await store.statistics()
+    await store.close()
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO schema_version VALUES (999, 'from the future', 0)")
+    newer = PostgresLightningStore(pg_dsn)
+    with pytest.raises(StoreError, match=r"schema version 999.*upgrade"):
+        await newer.statistics()
+    await newer.close()
+
+
+async def test_unreachable_server_is_explained() -> None:
+    store = PostgresLightningStore("postgresql://nobody@127.0.0.1:9/none", connect_timeout_s=0.5)
+    with pytest.raises(StoreError, match=r"127\.0\.0\.1:9.*(unreachable|server is up)"):
+        await store.statistics()
+    await store.close()
+
+
+def test_bad_arguments_are_explained() -> None:
+    with pytest.raises(ValueError, match="DSN"):
+        PostgresLightningStore("")
+    with pytest.raises(ValueError, match="max_connections"):
+        PostgresLightningStore("postgresql://x@127.0.0.1/db", max_connections=0)
+
+
+async def test_non_json_input_is_refused_and_nothing_written(pg_dsn: str) -> None:
+    store = PostgresLightningStore(pg_dsn)
+    with pytest.raises(ValueError, match="JSON"):
+        await store.enqueue_rollouts([RolloutRequest(input=1), RolloutRequest(input={1, 2})])
+    assert await store.query_rollouts() == []
+    await store.close()
+
+
+async def test_servers_starting_together_migrate_once(pg_dsn: str) -> None:
+    stores = [PostgresLightningStore(pg_dsn) for _ in range(4)]
+    await asyncio.gather(*(s.statistics() for s in stores))
+    assert {await s.schema_version() for s in stores} == {MIGRATIONS[-1][0]}
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM schema_version").fetchone() == (len(MIGRATIONS),)
+    await asyncio.gather(*(s.close() for s in stores))
+
+
+_CHILD = """
+import asyncio, sys
+from agentlightning.store.postgres import PostgresLightningStore
+
+async def main():
+    store = PostgresLightningStore(sys.argv[1])
+    ids = []
+    while (claimed := await store.claim_rollout("p")) is not None:
+        ids.append(claimed.rollout.rollout_id)
+    await store.close()
+    print(" ".join(ids))
+
+asyncio.run(main())
+"""
+
+
+def test_claimers_in_separate_processes_never_share(pg_dsn: str) -> None:
+    store = SyncLightningStore(PostgresLightningStore(pg_dsn))
+    rollouts = store.enqueue_rollouts([RolloutRequest(input=i) for i in range(150)])
+    children = [
+        subprocess.Popen([sys.executable, "-c", _CHILD, pg_dsn], stdout=subprocess.PIPE, text=True) for _ in range(3)
+    ]
+    outputs = [child.communicate(timeout=120)[0].split() for child in children]
+    assert all(child.returncode == 0 for child in children)
+    claimed = [rid for out in outputs for rid in out]
+    assert len(claimed) == len(set(claimed)) == 150
+    assert set(claimed) == {r.rollout_id for r in rollouts}
+    assert store.statistics().attempts_by_status == {"preparing": 150}
+    store.close()
+
+
+async def test_concurrent_span_batches_and_finishes_do_not_deadlock(pg_dsn: str) -> None:
+    store = PostgresLightningStore(pg_dsn, max_connections=8)
+    await store.enqueue_rollouts([RolloutRequest(input=i) for i in range(4)])
+    claims = [c for c in [await store.claim_rollout("w") for _ in range(4)] if c is not None]
+    batches = [[*spans_of(a, 5, start=10 * n), *spans_of(b, 5, start=10 * n)] for n in range(6) for a, b in
+               [(claims[0], claims[1]), (claims[1], claims[0]), (claims[2], claims[3])]]  # fmt: skip
+    await asyncio.gather(*(store.add_spans(batch) for batch in batches))
+    for claimed in claims:
+        spans = await store.query_spans(claimed.rollout.rollout_id)
+        assert [s.sequence_id for s in spans] == list(range(1, len(spans) + 1))
+    await store.close()
