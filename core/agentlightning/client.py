@@ -123,7 +123,12 @@ class LightningStoreClient(LightningStore):
             stale = [lp for lp in self._clients if lp.is_closed()]
             for lp in stale:
                 del self._clients[lp]
-            self._clients[loop] = (client, closer)
+            existing = self._clients.get(loop)
+            if existing is None:
+                self._clients[loop] = (client, closer)
+        if existing is not None:  # another task of this loop got there first during the await above
+            await closer.aclose()
+            return existing[0]
         return client
 
     async def _request(

@@ -183,3 +183,13 @@ def test_usable_from_many_threads_and_loops(server: StoreServer) -> None:
     with SyncLightningStore(client) as sync:
         assert sync.statistics().total_rollouts == 20
         assert len(sync.query_rollouts(limit=7)) == 7
+
+
+async def test_first_calls_racing_share_one_pool(server: StoreServer) -> None:
+    client = LightningStoreClient(server.url)
+    try:
+        await asyncio.gather(*(client.statistics() for _ in range(8)))
+        assert len(client._clients) == 1  # pyright: ignore[reportPrivateUsage] -- the per-loop pool registry
+    finally:
+        await client.close()
+    assert client._clients == {}  # pyright: ignore[reportPrivateUsage]
