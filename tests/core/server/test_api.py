@@ -259,3 +259,11 @@ async def test_compact_span_answer_returns_stored_span_when_it_differs(api: http
     same, stored = again.json()
     assert same == 1
     assert stored["name"] == "step-1" and stored["sequence_id"] == 2  # the store keeps the first version
+
+
+async def test_lone_surrogates_are_rejected_at_the_edge(api: httpx.AsyncClient, store: InMemoryLightningStore) -> None:
+    # Valid JSON for Python's json module, but not UTF-8: it could not be stored or answered later.
+    body = b'{"requests": [{"input": "\\ud800"}]}'
+    response = await api.post("/v1/rollouts", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "not valid JSON" in response.json()["detail"]
+    assert (await store.statistics()).total_rollouts == 0
