@@ -79,6 +79,7 @@ def train_in_process(
             start_step, extra = restored
             ema = float(extra.get("ema", 0.0))
             rng.setstate(as_rng_state(extra["task_rng"]))
+    started = time.perf_counter()
     for step in range(start_step + 1, config.steps + 1):
         t0 = time.perf_counter()
         chosen = pick_tasks(rng, train_tasks, config.tasks_per_step)
@@ -143,6 +144,7 @@ def train_in_process(
             rollout_s=rollout_s,
             update_s=time.perf_counter() - t1,
             skipped=skipped,
+            wall_s=time.perf_counter() - started,
             extra=extra,
         )
         result.history.append(record)

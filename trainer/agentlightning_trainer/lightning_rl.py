@@ -152,6 +152,7 @@ class LightningRL(Algorithm):
                     before = await self._validate(store, val_tasks, proxy_url, proxy_app)
                     self.val_history.append((0, before))
                     metrics.log_validation(0, before)
+                started = time.perf_counter()
                 for step in range(start_step + 1, cfg.steps + 1):
                     t0 = time.perf_counter()
                     chosen = pick_tasks(rng, train_tasks, cfg.tasks_per_step)
@@ -189,6 +190,7 @@ class LightningRL(Algorithm):
                         rollout_s=rollout_s,
                         update_s=time.perf_counter() - t1,
                         skipped=skipped,
+                        wall_s=time.perf_counter() - started,
                         extra=extra,
                     )
                     self.history.append(record)

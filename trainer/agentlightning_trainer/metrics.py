@@ -32,6 +32,7 @@ class StepMetrics:
     rollout_s: float
     update_s: float
     skipped: bool = False
+    wall_s: float = 0.0
     val_reward: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
 

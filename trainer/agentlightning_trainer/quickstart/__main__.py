@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     """Train, then write ``reward_curve.png`` and print validation reward before and after."""
     parser = argparse.ArgumentParser(description="Train the example tool-choice agent with LightningRL.")
     parser.add_argument("--steps", type=int, default=300, help="most training steps")
-    parser.add_argument("--stop-at", type=float, default=0.9, help="stop once the reward EMA reaches this")
+    parser.add_argument("--stop-at", type=float, default=0.85, help="stop once the reward EMA reaches this")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runners", type=int, default=48, help="concurrent agent workers")
     parser.add_argument("--run-dir", type=Path, default=None, help="default: runs/<timestamp>")
@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> None:
         f"train reward EMA {last.reward_ema if last else 0.0:.2f} after {len(algorithm.history)} steps "
         f"in {elapsed:.0f} s"
     )
+    reached = next((m for m in algorithm.history if m.reward_mean >= 0.8), None)
+    if reached is not None:
+        console.print(f"train reward first reached 0.8 at step {reached.step}, {reached.wall_s:.0f} s into training")
     console.print(f"reward curve: {curve}")
 
 
