@@ -6,6 +6,7 @@ Paths: the SDK's scripted model (a custom ``Model``, recorded by ``LightningRunH
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -204,8 +205,15 @@ def test_run_sync(capture: SpanCapture) -> None:
     """``Runner.run_sync`` (the SDK's blocking entry point) records the same tree."""
     instrument()
     rollout = ("ro-sync", "at-sync")
-    with rollout_context(*rollout):
-        result = Runner.run_sync(build_team(scripted_models("math")), QUESTIONS["math"], hooks=LightningRunHooks())
+    try:
+        with rollout_context(*rollout):
+            agent = build_team(scripted_models("math"))
+            result = Runner.run_sync(agent, QUESTIONS["math"], hooks=LightningRunHooks())
+    finally:
+        # run_sync deliberately leaves the thread's default loop open for reuse; this test owns the thread.
+        policy = asyncio.get_event_loop_policy()
+        policy.get_event_loop().close()
+        policy.set_event_loop(None)
     assert result.final_output == ANSWERS["math"]
     check_team_spans(capture.spans(), "math", "chat", rollout)
 
