@@ -124,11 +124,21 @@ def runner_command(
     worker_id: Annotated[str | None, typer.Option(help="Prefix of worker ids; default <host>-<pid>.")] = None,
     token: TokenOption = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
+    ray: Annotated[
+        bool, typer.Option("--ray", help="Run --processes runner actors on a Ray cluster (--store must be a URL).")
+    ] = False,
+    ray_address: Annotated[
+        str | None, typer.Option(envvar="RAY_ADDRESS", help="Ray cluster address with --ray; default: a local one.")
+    ] = None,
 ) -> None:
     """Claim rollouts from a store and run the agent on them until stopped (^C, SIGTERM) or --max-rollouts."""
     from agentlightning.agent import load_agent
     from agentlightning.runner import default_worker_prefix
 
+    if ray:
+        from agentlightning.ray_fleet import run_fleet_command
+
+        raise typer.Exit(run_fleet_command(store, agent, processes, workers, max_rollouts, token, ray_address))
     if processes > 1:
         child_args = ["runner", "--store", store, "--agent", agent, "--workers", str(workers)]
         child_args += ["--heartbeat-interval", str(heartbeat_interval)]

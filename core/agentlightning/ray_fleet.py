@@ -221,24 +221,25 @@ def run_fleet_command(
     store_url: str,
     agent: str,
     n_runners: int,
-    *,
     workers_per_runner: int,
     max_rollouts: int | None,
     token: str | None,
     address: str | None,
-    heartbeat_interval_s: float,
 ) -> int:
     """``agl runner --ray``: run a fleet until every actor is done or ^C; print the totals; return an exit code."""
-    fleet = start_ray_fleet(
-        store_url,
-        agent,
-        n_runners,
-        workers_per_runner=workers_per_runner,
-        max_rollouts=max_rollouts,
-        token=token,
-        address=address,
-        heartbeat_interval_s=heartbeat_interval_s,
-    )
+    try:
+        fleet = start_ray_fleet(
+            store_url,
+            agent,
+            n_runners,
+            workers_per_runner=workers_per_runner,
+            max_rollouts=max_rollouts,
+            token=token,
+            address=address,
+        )
+    except (ValueError, ImportError) as exc:
+        print(f"agl runner --ray: {exc}", file=sys.stderr, flush=True)
+        return 2
     print(f"ray fleet: {n_runners} runner actors x {workers_per_runner} workers against {store_url}", flush=True)
     try:
         fleet.wait()
