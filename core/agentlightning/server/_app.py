@@ -338,6 +338,9 @@ def create_app(
         max_spans_per_request=max_spans_per_request,
     )
     app.state.metrics = metrics
+    from agentlightning.dashboard import mount_dashboard  # on use: it pulls in the adapter, which importers skip
+
+    mount_dashboard(app, store)  # pages at /, read-only JSON under /v1/dashboard
     return app
 
 

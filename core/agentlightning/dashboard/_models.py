@@ -1,0 +1,199 @@
+"""Response bodies of the dashboard's JSON endpoints (``/v1/dashboard/…``); times are milliseconds since the epoch.
+
+Milliseconds (floats), not the store's integer nanoseconds: JavaScript numbers hold integers exactly only up to
+2**53, and nanoseconds since 1970 are already past 2**60.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeAlias
+
+from pydantic import BaseModel, Field
+
+from agentlightning.store.base import StoreStatistics
+from agentlightning.types import Attempt, Rollout, RolloutMode, RolloutStatus
+
+SpanKindLabel: TypeAlias = Literal["agent", "llm", "tool", "reward", "other"]
+WorkerState: TypeAlias = Literal["busy", "idle", "silent"]
+
+
+class RolloutRow(BaseModel):
+    """One line of the rollouts table."""
+
+    rollout_id: str
+    status: RolloutStatus
+    mode: RolloutMode | None
+    group_id: str | None
+    attempts: int
+    reward: float | None = Field(description="Primary value of the latest attempt's last reward span.")
+    enqueue_ms: float
+    duration_s: float | None = Field(description="End (or now, while running) minus the first claim.")
+    agents: list[str] = Field(description="gen_ai.agent.name values seen on the latest attempt's spans.")
+    spans: int
+    llm_calls: int
+    worker_id: str | None
+    resources_version: int | None
+
+
+class RolloutPage(BaseModel):
+    """A page of the rollouts table with what the filter bar and the header need."""
+
+    rows: list[RolloutRow]
+    offset: int
+    limit: int
+    has_more: bool
+    scan_capped: bool = Field(description="True when the agent filter stopped scanning before the oldest rollout.")
+    agents: list[str] = Field(description="Every agent name seen so far, for the agent filter.")
+    statistics: StoreStatistics
+    refresh_s: float
+
+
+class Message(BaseModel):
+    """One chat message as recorded in ``gen_ai.*.messages`` (OpenAI chat shape), content flattened to text."""
+
+    role: str
+    content: str
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list[dict[str, Any]])
+    tool_call_id: str | None = None
+
+
+class SpanNode(BaseModel):
+    """One span of the tree, in depth-first order, with what the adapter made of it."""
+
+    span_id: str
+    parent_id: str | None
+    depth: int
+    orphan: bool = Field(description="Its parent_id names a span that never reached the store.")
+    name: str
+    kind: SpanKindLabel
+    sequence_id: int
+    start_ms: float = Field(description="Offset from the attempt's first span start.")
+    duration_ms: float | None
+    status: str
+    status_message: str | None
+    agent_name: str | None
+    model: str | None
+    input_tokens: int | None
+    output_tokens: int | None
+    prompt_token_ids: int = Field(description="Number of engine prompt token ids recorded (0 = none).")
+    response_token_ids: int
+    system: str | None
+    input_messages: list[Message]
+    output_messages: list[Message]
+    tool_name: str | None
+    tool_arguments: str | None
+    tool_result: str | None
+    reward: float | None
+    reward_dimensions: dict[str, float]
+    turn_index: int | None = Field(description="The LLM call's position among the attempt's calls.")
+    twin_of: str | None = Field(description="A proxy/hook twin merged into the call of this span id.")
+    selected: bool = Field(description="The call belongs to an agent the adapter trains.")
+    transition: bool = Field(description="The call became a training transition.")
+    credit: float | None = Field(description="The transition's reward after credit assignment.")
+    attributes: dict[str, Any]
+    events: list[dict[str, Any]]
+
+
+class RewardInfo(BaseModel):
+    """One reward of the attempt, placed among its LLM calls."""
+
+    span_id: str | None
+    value: float
+    after_calls: int
+    is_final: bool
+    dimensions: dict[str, float]
+
+
+class RolloutDetail(BaseModel):
+    """A rollout, its attempts and the span tree of one attempt with the adapter's transitions."""
+
+    rollout: Rollout
+    attempts: list[Attempt]
+    attempt_id: str | None = Field(description="The attempt whose spans are shown.")
+    t0_ms: float | None = Field(description="Start of the attempt's first span; span offsets count from it.")
+    span_count: int
+    spans: list[SpanNode]
+    llm_calls: int
+    transitions: int
+    rewards: list[RewardInfo]
+    credit: str
+    agents: str | None = Field(description="The agent selection the transitions were computed with (None = all).")
+    adapter_error: str | None
+    resources_version: int | None
+    refresh_s: float
+
+
+class ResourceItem(BaseModel):
+    """One named resource of a snapshot, with what changed since the previous snapshot."""
+
+    name: str
+    kind: str
+    changed: bool
+    added: bool
+    template: str | None = None
+    engine: str | None = None
+    diff: list[str] = Field(default_factory=list[str], description="Unified diff of the template, when changed.")
+    model: str | None = None
+    base_url: str | None = None
+    weights_version: int | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict[str, Any])
+
+
+class ResourceVersion(BaseModel):
+    """One resources snapshot."""
+
+    resources_id: str
+    version: int
+    create_ms: float
+    items: list[ResourceItem]
+    removed: list[str]
+    rollouts: int = Field(description="Rollouts among the recent ones that ran with this snapshot.")
+
+
+class ResourcesHistory(BaseModel):
+    """Every snapshot, newest first."""
+
+    versions: list[ResourceVersion]
+    refresh_s: float
+
+
+class CurvePoint(BaseModel):
+    """The reward of one finished rollout."""
+
+    rollout_id: str
+    mode: RolloutMode | None
+    status: RolloutStatus
+    enqueue_ms: float
+    reward: float
+    resources_version: int | None
+
+
+class RewardCurve(BaseModel):
+    """Rewards of the most recent finished rollouts, oldest first."""
+
+    points: list[CurvePoint]
+    considered: int = Field(description="Finished rollouts looked at (the newest ones, up to the request's limit).")
+    refresh_s: float
+
+
+class WorkerRow(BaseModel):
+    """A runner as seen through the attempts it claimed."""
+
+    worker_id: str
+    state: WorkerState
+    attempts: int
+    running: int
+    succeeded: int
+    failed: int
+    last_heartbeat_ms: float | None
+    current_rollouts: list[str]
+    last_rollout_id: str | None
+
+
+class WorkersPage(BaseModel):
+    """Workers seen in the attempts of the most recent rollouts."""
+
+    workers: list[WorkerRow]
+    considered: int
+    silent_after_s: float
+    refresh_s: float
