@@ -187,6 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 per_llm_call=False,
             )
     finally:
+        gc.unfreeze()  # a caller (the smoke test) keeps its process; leave its collector as it was
         shutdown_tracing()
     print(f"  spans delivered: {sink.spans}, dropped: {tracer.dropped_spans}")
 

@@ -148,6 +148,9 @@ class LightningEventListener(BaseEventListener):
         self._waiting: dict[str, list[_Node]] = {}  # missing parent event id -> nodes waiting for it
         self._llm_by_call: dict[str, _Node] = {}
         self._early_ends: dict[str, _End] = {}  # start event id or LLM call id -> end handled before its start
+        # Crew kickoffs by the crew object that emits both events: after a failure CrewAI's scope stack can be off
+        # and crew_kickoff_failed then names another scope's start (seen on crewai 1.15.30).
+        self._crews: dict[int, _Node] = {}
         self._traces: list[_Trace] = []
         self._registered: list[tuple[type[BaseEvent], Callable[[Any, Any], None]]] = []
         self._failures = 0
@@ -235,6 +238,10 @@ class LightningEventListener(BaseEventListener):
     def _on_crew_started(self, source: Any, event: Any) -> None:
         crew = event.crew_name or getattr(source, "name", None) or "crew"
         node = self._new_node(event, _CREW, f"crew {short(str(crew))}", {"crewai.crew.name": str(crew)})
+        with self._lock:
+            node.end = self._early_ends.pop(_crew_key(source), None)
+            if node.end is None:
+                self._crews[id(source)] = node
         self._add(node)
 
     def _on_task_started(self, source: Any, event: Any) -> None:
@@ -317,9 +324,15 @@ class LightningEventListener(BaseEventListener):
             error = str(event.error)
         end = _End(time_ns(event.timestamp), attributes, error, error_type)
         with self._lock:
+            if kind == _CREW:
+                node = self._crews.pop(id(source), None)
+                if node is None:
+                    self._early_ends[_crew_key(source)] = end
+                    return
+                self._finish(node, end)
+                return
             node = self._nodes.get(event.started_event_id) if event.started_event_id else None
-            # CrewAI's scope stack can be off after a failure (crew_kickoff_failed then names a task's start):
-            # the nearest ancestor of the right kind is the one that ended.
+            # Should the scope stack be off here too, the nearest ancestor of the right kind is the one that ended.
             while node is not None and kind is not None and node.kind != kind:
                 node = self._nodes.get(node.parent_event_id) if node.parent_event_id else None
             if node is None:
@@ -347,7 +360,11 @@ class LightningEventListener(BaseEventListener):
             parent = self._parent_of(node)
             if parent is None:
                 continue  # waits in self._waiting for its parent
-            self._resolve(node, parent)
+            try:
+                self._resolve(node, parent)
+            except Exception as error:  # one span we cannot record must not strand the nodes waiting for it
+                node.resolved = True
+                self._failed(f"recording {node.kind} {node.name!r}", error)
             ready.extend(self._waiting.pop(node.event_id, ()))
 
     def _parent_of(self, node: _Node) -> _Node | None:
@@ -368,7 +385,8 @@ class LightningEventListener(BaseEventListener):
             if node.kind == _ALIAS:
                 node.span = parent.span
             elif parent.trace is not None and parent.trace.tracer is not None:
-                self._start_span(node, parent.trace, trace.set_span_in_context(parent.span, Context()))
+                context = Context() if parent.span is None else trace.set_span_in_context(parent.span, Context())
+                self._start_span(node, parent.trace, context)
         elif node.kind != _ALIAS:
             rollout = node.rollout
             if rollout is None:  # not inside a rollout: not ours to record (its descendants neither)
@@ -473,6 +491,10 @@ class LightningEventListener(BaseEventListener):
             return sum(
                 1 for node in self._nodes.values() if node.kind != _ALIAS and node.span is not None and not node.ended
             )
+
+
+def _crew_key(crew: Any) -> str:
+    return f"crew:{id(crew)}"
 
 
 # The parent of a node that starts a trace (a sentinel node, so that parents type-check as nodes).

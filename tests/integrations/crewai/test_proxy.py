@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,9 +34,19 @@ def crew_reply(request: FakeRequest) -> FakeReply:
     return FakeReply(text="add 2 and 3" if "You are planner" in system else "correct")
 
 
-def openai_llms(base_url: str) -> dict[str, Any]:
+@contextlib.contextmanager
+def openai_llms(base_url: str) -> Iterator[dict[str, Any]]:
     """One ``crewai.LLM`` per agent on an OpenAI-compatible endpoint (CrewAI's native OpenAI provider)."""
-    return {role: LLM(model="openai/policy", base_url=base_url, api_key="k", max_retries=0) for role in ROLES}
+    llms = {role: LLM(model="openai/policy", base_url=base_url, api_key="k", max_retries=0) for role in ROLES}
+    try:
+        yield llms
+    finally:
+        for llm in llms.values():
+            # CrewAI's LLM has no close(); an httpx client left to the garbage collector warns (ResourceWarning)
+            # in whichever later test it happens to be collected.
+            client = getattr(llm, "_client", None)
+            if client is not None:
+                client.close()
 
 
 class _Rig:
@@ -79,8 +90,10 @@ def test_crew_through_proxy_joins_and_selects_the_specialist(rig: _Rig) -> None:
     """Every call has a hook twin (agent name) and a proxy twin (token ids), joined; selecting one agent works."""
     agentlightning_crewai.instrument()
     rollout, attempt_id = rig.new_attempt()
-    llms = openai_llms(rig.proxy.url_for(rollout.rollout_id, attempt_id))
-    with rollout_context(rollout.rollout_id, attempt_id):
+    with (
+        openai_llms(rig.proxy.url_for(rollout.rollout_id, attempt_id)) as llms,
+        rollout_context(rollout.rollout_id, attempt_id),
+    ):
         result = build_crew(llms=llms).kickoff()
     assert str(result) == "correct"
 
@@ -116,8 +129,8 @@ def test_crew_on_the_upstream_directly(rig: _Rig) -> None:
     """Without the proxy, the hook alone records each call with its messages, usage and response id."""
     agentlightning_crewai.instrument()
     rollout, attempt_id = rig.new_attempt()
-    with rollout_context(rollout.rollout_id, attempt_id):
-        build_crew(llms=openai_llms(rig.upstream_url)).kickoff()
+    with openai_llms(rig.upstream_url) as llms, rollout_context(rollout.rollout_id, attempt_id):
+        build_crew(llms=llms).kickoff()
     spans = rig.spans(rollout.rollout_id)
     chats = [s for s in spans if s.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OP_CHAT]
     assert len(chats) == 4
