@@ -30,6 +30,9 @@ attribute                                  type        meaning
 ``agentlightning.span.source``             str         who recorded the span: ``proxy``, ``hook``, ``emit``, ``otlp``
 =========================================  ==========  ============================================================
 
+Span events: a handoff between agents is an event named :data:`EVENT_HANDOFF` on the handing-off agent's span, with
+``handoff.from_agent`` and ``handoff.to_agent``.
+
 Span names: reward spans are named :data:`SPAN_REWARD`; LLM spans follow GenAI (``chat {model}``) and always carry
 ``gen_ai.operation.name = "chat"``; agent spans carry ``invoke_agent``; tool spans carry ``execute_tool``.
 """
@@ -94,6 +97,11 @@ SPAN_OBJECT: Final = "agentlightning.object"
 SPAN_EXCEPTION: Final = "agentlightning.exception"
 SPAN_ANNOTATION: Final = "agentlightning.annotation"
 SPAN_OPERATION_PREFIX: Final = "agentlightning.operation."
+
+# --- span events -------------------------------------------------------------------------------------------------
+EVENT_HANDOFF: Final = "handoff"
+HANDOFF_FROM_AGENT: Final = "handoff.from_agent"
+HANDOFF_TO_AGENT: Final = "handoff.to_agent"
 
 # --- HTTP headers (proxy and OTLP ingest attribute calls by these when the path does not) -----------------------
 HEADER_ROLLOUT_ID: Final = "x-agentlightning-rollout-id"
