@@ -86,8 +86,6 @@ class LightningRLConfig(BaseModel):
                 "backend 'verl' needs verl, which is not installed: pip install \"agent-lightning[verl]\" "
                 "(GPU only), or use backend='torch'"
             )
-        if self.backend == "verl":
-            raise ValueError("backend 'verl' is not wired into LightningRL yet; use backend='torch'")
         if self.algorithm == "grpo" and self.samples_per_task < 2:
             raise ValueError(
                 f"GRPO needs samples_per_task >= 2 to compare samples of a task (got {self.samples_per_task}); "

@@ -96,6 +96,11 @@ class LightningRL(Algorithm):
         """
         base = config or LightningRLConfig()
         self.config = LightningRLConfig.model_validate({**base.model_dump(), **overrides}) if overrides else base
+        if self.config.backend != "torch":
+            raise ValueError(
+                f"LightningRL runs the torch backend; for backend {self.config.backend!r} use "
+                "agentlightning_trainer.verl.VerlLightningRL (or `agl train --backend verl`)"
+            )
         from agentlightning.adapter import TraceAdapter  # validates the credit strategy name now
 
         self.adapter = TraceAdapter(agents=self.config.agents, credit=self.config.credit, include_messages=False)
