@@ -53,6 +53,8 @@ _TRACER_NAME: Final = "agentlightning_crewai"
 _NO_AGENT: Final = "crewai"
 # A finished trace whose late events never came is closed and forgotten after this long even without flush().
 _STALE_S: Final = 60.0
+# How often a new root may sweep finished traces when nobody calls flush().
+_SWEEP_EVERY_S: Final = 10.0
 # A scope at the root that is not a span (a user's Flow around crews) is forgotten after this long.
 _ROOT_ALIAS_TTL_S: Final = 3600.0
 
@@ -151,6 +153,7 @@ class LightningEventListener(BaseEventListener):
         # Crew kickoffs by the crew object that emits both events: after a failure CrewAI's scope stack can be off
         # and crew_kickoff_failed then names another scope's start (seen on crewai 1.15.30).
         self._crews: dict[int, _Node] = {}
+        self._last_sweep = time.monotonic()
         self._traces: list[_Trace] = []
         self._registered: list[tuple[type[BaseEvent], Callable[[Any, Any], None]]] = []
         self._failures = 0
@@ -312,14 +315,16 @@ class LightningEventListener(BaseEventListener):
         kind = _KIND_OF_END.get(event.type)
         if event.type == "tool_usage_finished":
             attributes[semconv.GEN_AI_TOOL_CALL_RESULT] = tool_result(event.output)
-            if event.failure is not None:  # the tool returned a ToolFailure: it ran but did not do its job
-                error, error_type = event.failure.message, "ToolFailure"
+            failure = getattr(event, "failure", None)  # newer than some 1.15 releases
+            if failure is not None:  # the tool returned a ToolFailure: it ran but did not do its job
+                error, error_type = str(failure.message), "ToolFailure"
         elif event.type == "tool_usage_error":
             error = event.error if isinstance(event.error, BaseException) else str(event.error)
         elif event.type == "task_failed":
-            error = event.error
-            if event.error_type is not None:
-                error_type = f"{event.error_type.__module__}.{event.error_type.__qualname__}"
+            error = str(event.error)
+            error_class = getattr(event, "error_type", None)  # newer than some 1.15 releases
+            if isinstance(error_class, type):
+                error_type = f"{error_class.__module__}.{error_class.__qualname__}"
         elif hasattr(event, "error"):
             error = str(event.error)
         end = _End(time_ns(event.timestamp), attributes, error, error_type)
@@ -346,7 +351,7 @@ class LightningEventListener(BaseEventListener):
         with self._lock:
             if node.kind != _ALIAS and node.end is None:
                 node.end = self._early_ends.pop(node.event_id, None)
-            if node.kind == _CREW:
+            if node.parent_event_id is None and time.monotonic() - self._last_sweep > _SWEEP_EVERY_S:
                 self._sweep()  # forget long-finished traces even when nobody calls flush()
             self._nodes[node.event_id] = node
             self._settle([node])
@@ -436,7 +441,7 @@ class LightningEventListener(BaseEventListener):
 
     def _sweep(self, *, flushed: bool = False) -> None:
         """Close and forget finished traces: every one after a flush of the bus, else those finished long ago."""
-        now = time.monotonic()
+        now = self._last_sweep = time.monotonic()
         done = [t for t in self._traces if t.ended_at is not None and (flushed or now - t.ended_at > _STALE_S)]
         finished = {id(info) for info in done}
         for info in done:
@@ -449,7 +454,7 @@ class LightningEventListener(BaseEventListener):
                     node.parent_event_id = info.root.event_id
                     self._settle([node])
                 if not waiting:
-                    del self._waiting[parent_id]
+                    self._waiting.pop(parent_id, None)
         for key, node in list(self._nodes.items()):
             if node.trace is not None and id(node.trace) in finished:
                 if not node.ended and node.span is not None and node.kind != _ALIAS:
