@@ -6,7 +6,7 @@ import itertools
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from agentlightning import semconv
@@ -28,7 +28,6 @@ class Seeded:
     crew_rollout: str = ""
     rewarded: int = 0
     total: int = 0
-    by_mode: dict[str, int] = field(default_factory=dict[str, int])
 
 
 class FakeClock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,9 @@ def chromium_path() -> str | None:
 def seeded_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[StoreServer, Seeded]]:
     """A store server on loopback over a seeded SQLite store."""
     path = tmp_path_factory.mktemp("dashboard") / "store.db"
-    seeded = asyncio.run(seed_store(path))
+    # On a thread of its own: Playwright's sync API keeps an event loop running on this one.
+    with ThreadPoolExecutor(1) as pool:
+        seeded = pool.submit(lambda: asyncio.run(seed_store(path))).result()
     with StoreServer(lambda: SqliteLightningStore(path)) as server:
         yield server, seeded
 
@@ -84,5 +87,6 @@ def screenshot(page: Any, name: str) -> Path:
     """Save a full-page screenshot under test-artifacts/dashboard/."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
+    page.evaluate("() => window.scrollTo(0, 0)")  # the sticky header belongs at the top of a full-page shot
     page.screenshot(path=str(path), full_page=True)
     return path

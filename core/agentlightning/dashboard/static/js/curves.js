@@ -1,6 +1,6 @@
 // Reward curves: one point per finished rollout (reward over enqueue time or resources version), grouped by mode,
 // with a moving average per mode. Redrawn on every refresh, so training progress shows live.
-import { api, setQuery, setRefresh } from "./main.js";
+import { api, setRefresh, updateQuery } from "./main.js";
 import { empty, fmtReward, h, replace, s } from "./dom.js";
 
 const W = 960;
@@ -26,7 +26,7 @@ export async function refresh(state, query) {
   if (fingerprint === state.last) return;
   state.last = fingerprint;
   const toggle = (value, text) =>
-    h("button", { class: `toggle ${axis === value ? "on" : ""}`, text, onclick: () => setQuery({ x: value === "time" ? "" : value }) });
+    h("button", { class: `toggle ${axis === value ? "on" : ""}`, text, onclick: () => updateQuery({ x: value === "time" ? "" : value }) });
   replace(state.controls, h("span", { class: "muted", text: "x axis: " }), toggle("time", "enqueue time"), toggle("version", "resources version"));
   const groups = groupByMode(data.points);
   replace(state.cards, MODES.filter((m) => groups[m].length).map((m) => summaryCard(m, groups[m])));
@@ -135,5 +135,5 @@ function ticks(lo, hi, count) {
 function niceStep(raw) {
   const power = 10 ** Math.floor(Math.log10(raw));
   const f = raw / power;
-  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * power;
+  return (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * power;
 }

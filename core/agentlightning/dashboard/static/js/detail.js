@@ -1,5 +1,5 @@
 // Rollout detail: header, attempts, and the span tree as a timeline with the adapter's transitions and credit.
-import { api, setQuery, setRefresh } from "./main.js";
+import { api, setRefresh, updateQuery } from "./main.js";
 import { badge, empty, field, fmtAgo, fmtDuration, fmtMs, fmtReward, fmtTime, h, pill, pretty, replace, shortId } from "./dom.js";
 import { rewardClass } from "./rollouts.js";
 
@@ -29,8 +29,8 @@ export async function refresh(state, query) {
   state.last = fingerprint;
   state.data = data;
   drawHead(state, data);
-  drawAttempts(state, data, query);
-  drawAdapter(state, data, query);
+  drawAttempts(state, data);
+  drawAdapter(state, data);
   drawTree(state);
 }
 
@@ -61,7 +61,7 @@ function drawHead(state, data) {
   );
 }
 
-function drawAttempts(state, data, query) {
+function drawAttempts(state, data) {
   if (!data.attempts.length) {
     replace(state.attempts, empty("Not claimed by a runner yet."));
     return;
@@ -71,7 +71,7 @@ function drawAttempts(state, data, query) {
       "tr",
       {
         class: `clickable ${a.attempt_id === data.attempt_id ? "current" : ""}`,
-        onclick: () => setQuery({ ...Object.fromEntries(query.entries()), attempt: a.attempt_id }),
+        onclick: () => updateQuery({ attempt: a.attempt_id }),
       },
       h("td", { class: "num", text: `#${a.sequence_id}` }),
       h("td", {}, shortId(a.attempt_id, 14)),
@@ -91,7 +91,7 @@ function drawAttempts(state, data, query) {
   );
 }
 
-function drawAdapter(state, data, query) {
+function drawAdapter(state, data) {
   const rewards = data.rewards.map((r) =>
     badge(`${r.is_final ? "final" : "step"} ${fmtReward(r.value)} after ${r.after_calls} call${r.after_calls === 1 ? "" : "s"}`, r.is_final ? "reward final" : "reward"),
   );
@@ -107,7 +107,7 @@ function drawAdapter(state, data, query) {
       class: "inline-form",
       onsubmit: (event) => {
         event.preventDefault();
-        setQuery({ ...Object.fromEntries(query.entries()), agents: agentsInput.value.trim(), credit: creditSelect.value });
+        updateQuery({ agents: agentsInput.value.trim(), credit: creditSelect.value });
       },
     },
     h("label", {}, "Train agents ", agentsInput),
@@ -190,7 +190,12 @@ function spanRow(state, span, end, parent) {
   const left = (span.start_ms / end) * 100;
   const width = span.duration_ms === null ? 0 : (span.duration_ms / end) * 100;
   const bar = h("div", { class: `bar bar-${span.kind}${span.transition ? " bar-transition" : ""}`, style: { left: `${left}%`, width: `max(3px, ${width}%)` } });
-  const label = h("span", { class: "bar-label", text: fmtMs(span.duration_ms), style: left > 70 ? { right: `${100 - left + 1}%` } : { left: `calc(${left + width}% + 6px)` } });
+  // The duration goes right of the bar, inside it when the bar reaches the right edge, else left of it.
+  const text = fmtMs(span.duration_ms);
+  let label;
+  if (left + width <= 85) label = h("span", { class: "bar-label", text, style: { left: `calc(${left + width}% + 6px)` } });
+  else if (width >= 15) label = h("span", { class: "bar-label inside", text, style: { right: `calc(${100 - left - width}% + 6px)` } });
+  else label = h("span", { class: "bar-label", text, style: { right: `calc(${100 - left}% + 6px)` } });
   return h(
     "div",
     {
@@ -210,7 +215,7 @@ function spanRow(state, span, end, parent) {
 
 function spanDetail(span) {
   const parts = [];
-  if (span.system) parts.push(h("h3", { text: "System" }), message({ role: "system", content: span.system, tool_calls: [] }));
+  if (span.system) parts.push(h("h3", { text: "System instructions" }), message({ role: "system", content: span.system, tool_calls: [] }));
   if (span.input_messages.length) parts.push(h("h3", { text: "Input messages" }), span.input_messages.map(message));
   if (span.output_messages.length) parts.push(h("h3", { text: "Output" }), span.output_messages.map(message));
   if (span.tool_arguments !== null) parts.push(h("h3", { text: "Tool arguments" }), h("pre", { text: pretty(span.tool_arguments) }));

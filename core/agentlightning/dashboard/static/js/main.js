@@ -48,12 +48,16 @@ export async function api(path, params = {}) {
   return response.json();
 }
 
-/** Change the route's query parameters (filters, paging) without leaving the page. */
-export function setQuery(params) {
-  const [path] = location.hash.slice(1).split("?");
-  const query = new URLSearchParams();
-  for (const [key, value] of Object.entries(params)) {
-    if (value !== undefined && value !== null && value !== "") query.set(key, String(value));
+/** Change some query parameters of the current route (filters, paging); empty values remove a parameter.
+
+Reads the hash at call time, not a copy taken at render time: a control drawn before the last change must not
+bring back a filter the user has just cleared. */
+export function updateQuery(changes) {
+  const [path, search] = location.hash.slice(1).split("?");
+  const query = new URLSearchParams(search || "");
+  for (const [key, value] of Object.entries(changes)) {
+    if (value === undefined || value === null || value === "") query.delete(key);
+    else query.set(key, String(value));
   }
   location.hash = query.size ? `${path}?${query}` : path;
 }

@@ -1,5 +1,5 @@
 // The rollouts table: status, mode, agents, attempts, reward, duration; filters by status/mode/agent; paging.
-import { api, setQuery, setRefresh } from "./main.js";
+import { api, setRefresh, updateQuery } from "./main.js";
 import { badge, empty, fmtDuration, fmtReward, fmtTime, h, pill, replace, shortId } from "./dom.js";
 
 const STATUSES = ["queuing", "preparing", "running", "requeuing", "succeeded", "failed", "cancelled"];
@@ -15,19 +15,10 @@ export function mount(container) {
   return { filters, table, pager, last: "" };
 }
 
-function select(name, label, options, value, query) {
+function select(name, label, options, value) {
   const el = h(
     "select",
-    {
-      name,
-      "aria-label": label,
-      onchange: () => {
-        const next = Object.fromEntries(query.entries());
-        next[name] = el.value;
-        delete next.offset;
-        setQuery(next);
-      },
-    },
+    { name, "aria-label": label, onchange: () => updateQuery({ [name]: el.value, offset: "" }) },
     h("option", { value: "", text: `${label}: all` }),
     options.map((o) => h("option", { value: o, text: o, selected: o === value })),
   );
@@ -54,14 +45,14 @@ export async function refresh(state, query) {
   const agents = [...new Set([...page.agents, ...(params.agent ? [params.agent] : [])])];
   replace(
     state.filters,
-    select("status", "Status", STATUSES, params.status, query),
-    select("mode", "Mode", MODES, params.mode, query),
-    select("agent", "Agent", agents, params.agent, query),
+    select("status", "Status", STATUSES, params.status),
+    select("mode", "Mode", MODES, params.mode),
+    select("agent", "Agent", agents, params.agent),
   );
   replace(state.table, page.rows.length ? table(page.rows) : empty("No rollouts match these filters yet."));
   const first = page.rows.length ? params.offset + 1 : 0;
   const last = params.offset + page.rows.length;
-  const go = (offset) => setQuery({ ...Object.fromEntries(query.entries()), offset: offset || "" });
+  const go = (offset) => updateQuery({ offset: offset || "" });
   replace(
     state.pager,
     h("button", { text: "← Newer", disabled: params.offset === 0, onclick: () => go(Math.max(0, params.offset - PAGE)) }),

@@ -19,7 +19,7 @@ export async function refresh(state) {
     replace(state.table, empty("No runner has claimed a rollout yet."));
     return;
   }
-  const head = ["Worker", "State", "Last heartbeat", "", "Running", "Succeeded", "Failed", "Attempts", "Current rollouts"];
+  const head = ["Worker", "State", "Last heartbeat", "At", "Running", "Succeeded", "Failed", "Attempts", "Current rollouts"];
   replace(
     state.table,
     h(

@@ -1,0 +1,183 @@
+"""Every dashboard page in headless Chromium against a real server over a seeded store; screenshots as artifacts."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from agentlightning import semconv
+from agentlightning.server import StoreServer
+from tests.dashboard._seed import TRAIN_CURVE, VAL_CURVE, Seeded
+from tests.dashboard.conftest import screenshot
+
+expect = pytest.importorskip(
+    "playwright.sync_api", reason="the browser tests need playwright: pip install -r requirements-dev.txt"
+).expect
+
+
+def _open(page: Any, server: StoreServer, route: str) -> None:
+    page.goto(f"{server.url}/#{route}")
+    page.wait_for_selector("#live:has-text('live')")
+
+
+def test_rollouts_table_filters_and_pages(page: Any, seeded_server: tuple[StoreServer, Seeded]) -> None:
+    server, seeded = seeded_server
+    _open(page, server, "/rollouts")
+    rows = page.locator("table.rollouts tbody tr")
+    assert rows.count() == 25  # one full page of the 28 seeded rollouts, newest first
+    assert rows.first.get_attribute("data-rollout") != seeded.writer_rollout
+    for status in ("succeeded", "running", "queuing"):
+        assert page.locator(f"table.rollouts .pill-{status}").count() >= 1, status
+    assert page.locator("#stats").inner_text().startswith(f"{seeded.total} rollouts")
+    screenshot(page, "rollouts")
+
+    page.get_by_role("button", name="Older →").click()
+    expect(page.locator("table.rollouts tbody tr")).to_have_count(3)
+    assert seeded.writer_rollout in [rows.nth(i).get_attribute("data-rollout") for i in range(3)]
+    assert page.locator("table.rollouts .pill-failed").count() == 1
+
+    page.select_option("select[name=mode]", "val")
+    expect(page.locator("table.rollouts tbody tr")).to_have_count(1 + len(VAL_CURVE))
+    assert "offset" not in page.url  # a new filter starts at the first page
+
+    page.select_option("select[name=mode]", "")
+    page.select_option("select[name=agent]", "planner")
+    expect(page.locator("table.rollouts tbody tr")).to_have_count(1)
+    assert rows.first.get_attribute("data-rollout") == seeded.crew_rollout
+    assert rows.first.locator("td.reward").inner_text() == "0.500"
+
+    page.select_option("select[name=agent]", "")
+    expect(page.locator("table.rollouts tbody tr")).to_have_count(25)
+    page.select_option("select[name=status]", "failed")
+    expect(page.locator("table.rollouts tbody tr")).to_have_count(1)
+    assert rows.first.locator("td").nth(4).inner_text() == "2"  # attempts of the retried rollout
+
+
+def test_clicking_a_rollout_shows_its_span_tree(page: Any, seeded_server: tuple[StoreServer, Seeded]) -> None:
+    server, seeded = seeded_server
+    _open(page, server, f"/rollouts?offset=25")
+    page.click(f"tr[data-rollout='{seeded.writer_rollout}']")
+    page.wait_for_selector(".span-row")
+    assert seeded.writer_rollout in page.url
+    names = page.locator(".span-row").evaluate_all("rows => rows.map(r => r.dataset.name)")
+    assert names == [
+        "LangGraph",
+        "invoke_agent writer",
+        "chat tiny-gpt",
+        "execute_tool run_sql",
+        "invoke_agent checker",
+        "chat tiny-gpt",
+        semconv.SPAN_REWARD,
+    ]
+    # Parents before children, indented by depth.
+    indents = page.locator(".span-label").evaluate_all("labels => labels.map(l => parseFloat(l.style.paddingLeft))")
+    assert indents[0] < indents[1] < indents[2] and indents[2] == indents[3] and indents[4] == indents[1]
+    assert page.locator(".badge.transition").count() == 2
+    assert page.locator(".badge.transition").first.inner_text() == "transition #0 · credit 1.000"
+    assert "2 LLM calls → 2 training transitions" in page.locator(".adapter-line").text_content()
+    assert page.locator(".badge.tokens").first.inner_text() == "42 → 9 tok"
+    assert page.locator(".span-row.kind-reward .badge.reward").inner_text() == "reward 1.000"
+
+    page.locator(".span-row.kind-llm").first.click()
+    detail = page.locator(".span-detail")
+    assert "How many singers are there?" in detail.locator(".msg-user").inner_text()
+    assert "SELECT COUNT(*) FROM singer;" in detail.locator(".msg-assistant").inner_text()
+    assert "You are the writer." in detail.locator(".msg-system").inner_text()
+    page.locator(".span-row.kind-tool").click()
+    assert '"query"' in page.locator(".span-detail").inner_text()
+    page.locator(".span-row.kind-llm").first.click()
+    screenshot(page, "rollout-detail")
+
+    # Training only the writer: the checker's call stays in the tree but is no transition any more.
+    page.fill("input[name=agents]", "writer")
+    page.get_by_role("button", name="Recompute").click()
+    expect(page.locator(".badge.transition")).to_have_count(1)
+    assert page.locator(".span-row", has=page.locator(".badge.transition")).locator(".badge.agent").inner_text() == "writer"
+
+
+def test_retried_rollout_lists_attempts(page: Any, seeded_server: tuple[StoreServer, Seeded]) -> None:
+    server, seeded = seeded_server
+    _open(page, server, f"/rollouts/{seeded.retried_rollout}")
+    attempts = page.locator("table.attempts tbody tr")
+    assert attempts.count() == 2
+    assert attempts.nth(0).locator(".pill").inner_text() == "timeout"
+    assert "past timeout_s" in attempts.nth(0).inner_text()
+    assert attempts.nth(1).locator(".pill").inner_text() == "failed"
+    assert page.locator(".badge.warn", has_text="no reward recorded").count() == 1
+    attempts.nth(0).click()
+    page.wait_for_selector("text=No spans recorded for this attempt yet.")
+
+
+def test_reward_curve_draws_every_point(page: Any, seeded_server: tuple[StoreServer, Seeded]) -> None:
+    server, seeded = seeded_server
+    _open(page, server, "/curves")
+    page.wait_for_selector("svg.chart")
+    assert page.locator("circle.pt").count() == seeded.rewarded
+    assert page.locator("circle.pt-train").count() == 1 + len(TRAIN_CURVE)
+    assert page.locator("circle.pt-val").count() == 1 + len(VAL_CURVE)
+    assert page.locator("polyline.trend-train").count() == 1
+    train_card = page.locator(".mode-card-train .stat-value").inner_text()
+    assert float(train_card) > 0.5  # the seeded curve rises
+    # Later train points sit higher on the chart (smaller y) than the first ones.
+    ys = page.locator("circle.pt-train").evaluate_all("cs => cs.map(c => parseFloat(c.getAttribute('cy')))")
+    assert sum(ys[-3:]) < sum(ys[1:4])
+    screenshot(page, "reward-curves")
+    page.get_by_role("button", name="resources version").click()
+    expect(page.locator("text.tick", has_text="v2")).to_have_count(1)
+    screenshot(page, "reward-curves-by-version")
+    page.locator(f"circle.pt-val").first.click()
+    page.wait_for_selector(".span-row")
+
+
+def test_resources_history_shows_prompt_diffs(page: Any, seeded_server: tuple[StoreServer, Seeded]) -> None:
+    server, _ = seeded_server
+    _open(page, server, "/resources")
+    versions = page.locator("section.version")
+    assert versions.count() == 3
+    assert [versions.nth(i).get_attribute("data-version") for i in range(3)] == ["3", "2", "1"]
+    v2 = page.locator("section.version[data-version='2']")
+    assert v2.locator(".diff-del").inner_text().strip() == "-Answer with one query."
+    assert v2.locator(".diff-add").inner_text().strip() == "+Answer with one SQLite query, no prose."
+    assert v2.locator(".badge.weights").inner_text() == "weights v1"
+    assert page.locator("section.version[data-version='3'] .badge.weights").inner_text() == "weights v2"
+    assert "sk-secret" not in page.content()  # API keys never reach the page
+    screenshot(page, "resources")
+
+
+def test_workers_show_heartbeats(page: Any, seeded_server: tuple[StoreServer, Seeded]) -> None:
+    server, _ = seeded_server
+    _open(page, server, "/workers")
+    rows = page.locator("table.workers tbody tr")
+    assert rows.count() == 4
+    live = page.locator("tr[data-worker='runner-live']")
+    assert live.locator(".pill").inner_text() == "busy"
+    assert re.search(r"ago|just now", live.locator("td").nth(2).inner_text())
+    assert page.locator("tr[data-worker='runner-1'] .pill").inner_text() == "idle"
+    screenshot(page, "workers")
+
+
+def test_new_span_appears_without_reload(page: Any, seeded_server: tuple[StoreServer, Seeded]) -> None:
+    server, seeded = seeded_server
+    _open(page, server, f"/rollouts/{seeded.running_rollout}")
+    page.wait_for_selector(".span-row")
+    page.evaluate("window.__notReloaded = true")
+    assert page.locator(".span-row").count() == 1
+    now = time.time_ns()
+    span = {
+        "rollout_id": seeded.running_rollout,
+        "attempt_id": seeded.running_attempt,
+        "trace_id": "f" * 32,
+        "span_id": "e" * 16,
+        "name": "late tool call",
+        "start_time": now,
+        "end_time": now + 5_000_000,
+        "attributes": {semconv.GEN_AI_OPERATION_NAME: semconv.OP_EXECUTE_TOOL, semconv.GEN_AI_TOOL_NAME: "search"},
+    }
+    httpx.post(f"{server.url}/v1/spans", json={"spans": [span]}).raise_for_status()
+    page.wait_for_selector(".span-row[data-name='late tool call']", timeout=8_000)  # refresh interval: 2 s
+    assert page.evaluate("window.__notReloaded") is True
+    screenshot(page, "live-span")
