@@ -103,17 +103,17 @@ class PrefetchedTxn:
         """Load rollouts (locked ``FOR UPDATE`` in enqueue order when ``lock``) and all their attempts."""
         ids = list(dict.fromkeys(rollout_ids))
         suffix = " ORDER BY seq FOR UPDATE" if lock else ""
-        cursor = await conn.execute(f"{SELECT_ROLLOUT} WHERE rollout_id = ANY(%s){suffix}", (ids,), binary=True)
-        found = {row[0]: rollout_from_row(row) for row in await cursor.fetchall()}
+        # Both queries go out before either result is read: one round trip in pipeline mode. The attempts query
+        # runs after the rollout rows are locked, so it sees every attempt committed before the lock.
+        rollout_rows = await conn.execute(f"{SELECT_ROLLOUT} WHERE rollout_id = ANY(%s){suffix}", (ids,), binary=True)
+        attempt_rows = await conn.execute(
+            f"{SELECT_ATTEMPT} WHERE rollout_id = ANY(%s) ORDER BY rollout_id, sequence_id", (ids,)
+        )
+        found = {row[0]: rollout_from_row(row) for row in await rollout_rows.fetchall()}
         for rollout_id in ids:
             self.rollouts[rollout_id] = found.get(rollout_id)
             self.attempts[rollout_id] = []
-        if not found:
-            return
-        cursor = await conn.execute(
-            f"{SELECT_ATTEMPT} WHERE rollout_id = ANY(%s) ORDER BY rollout_id, sequence_id", (list(found),)
-        )
-        for row in await cursor.fetchall():
+        for row in await attempt_rows.fetchall():
             self.attempts[row[0]].append(attempt_from_row(row))
 
     # --- StoreTxn ------------------------------------------------------------------------------------------------

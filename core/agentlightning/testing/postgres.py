@@ -116,6 +116,11 @@ class PostgresCluster:
         """DSN of the maintenance database ``postgres`` (superuser ``postgres``, trust auth on loopback)."""
         return self.dsn_for("postgres")
 
+    @property
+    def pid(self) -> int | None:
+        """Process id of the server (the postmaster), or None when it is not running."""
+        return None if self._process is None else self._process.pid
+
     def dsn_for(self, database: str) -> str:
         """DSN of ``database`` on this cluster."""
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
