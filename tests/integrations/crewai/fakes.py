@@ -19,6 +19,24 @@ PLAN = "Plan how to add two numbers."
 COMPUTE = "Compute the sum of 2 and 3 with the add tool."
 REVIEW = "Review the computed sum."
 
+# (span name, parent span name) of one sequential run of the crew below with scripted models.
+SEQUENTIAL_SHAPE = sorted(
+    [
+        ("crew crew", None),
+        (f"task {PLAN}", "crew crew"),
+        (f"task {COMPUTE}", "crew crew"),
+        (f"task {REVIEW}", "crew crew"),
+        ("invoke_agent planner", f"task {PLAN}"),
+        ("invoke_agent specialist", f"task {COMPUTE}"),
+        ("invoke_agent critic", f"task {REVIEW}"),
+        ("chat scripted", "invoke_agent planner"),
+        ("chat scripted", "invoke_agent specialist"),
+        ("chat scripted", "invoke_agent specialist"),
+        ("execute_tool add", "invoke_agent specialist"),
+        ("chat scripted", "invoke_agent critic"),
+    ]
+)
+
 
 def _text(messages: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"role": "user", "content": messages}] if isinstance(messages, str) else list(messages)

@@ -18,26 +18,9 @@ from agentlightning.tracing import rollout_context
 from agentlightning.types.spans import Span
 from agentlightning_crewai import LightningEventListener
 from tests.integrations.conformance import SpanCapture, assert_ids, assert_span_tree, shape
-from tests.integrations.crewai.fakes import COMPUTE, PLAN, REVIEW, ScriptedLLM, build_crew, final
+from tests.integrations.crewai.fakes import SEQUENTIAL_SHAPE, ScriptedLLM, build_crew, final
 
 RO, AT = "ro-crew", "at-crew"
-
-SEQUENTIAL_SHAPE = sorted(
-    [
-        ("crew crew", None),
-        (f"task {PLAN}", "crew crew"),
-        (f"task {COMPUTE}", "crew crew"),
-        (f"task {REVIEW}", "crew crew"),
-        ("invoke_agent planner", f"task {PLAN}"),
-        ("invoke_agent specialist", f"task {COMPUTE}"),
-        ("invoke_agent critic", f"task {REVIEW}"),
-        ("chat scripted", "invoke_agent planner"),
-        ("chat scripted", "invoke_agent specialist"),
-        ("chat scripted", "invoke_agent specialist"),
-        ("execute_tool add", "invoke_agent specialist"),
-        ("chat scripted", "invoke_agent critic"),
-    ]
-)
 
 
 def _run(capture: SpanCapture, **crew: Any) -> list[Span]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +20,8 @@ from agentlightning.testing import FakeOpenAI, FakeReply, FakeRequest, FakeToolC
 from agentlightning.tracing import LightningTracer, StoreSpanSink, init_tracing, rollout_context, shutdown_tracing
 from agentlightning.types import Rollout
 from agentlightning.types.spans import Span
-from tests.integrations.crewai.fakes import build_crew
+from tests.integrations.conformance import assert_span_tree, shape
+from tests.integrations.crewai.fakes import SEQUENTIAL_SHAPE, build_crew
 
 ROLES = ("planner", "specialist", "critic")
 
@@ -35,9 +37,11 @@ def crew_reply(request: FakeRequest) -> FakeReply:
 
 
 @contextlib.contextmanager
-def openai_llms(base_url: str) -> Iterator[dict[str, Any]]:
+def openai_llms(base_url: str, *, stream: bool = False) -> Iterator[dict[str, Any]]:
     """One ``crewai.LLM`` per agent on an OpenAI-compatible endpoint (CrewAI's native OpenAI provider)."""
-    llms = {role: LLM(model="openai/policy", base_url=base_url, api_key="k", max_retries=0) for role in ROLES}
+    llms = {
+        role: LLM(model="openai/policy", base_url=base_url, api_key="k", max_retries=0, stream=stream) for role in ROLES
+    }
     try:
         yield llms
     finally:
@@ -86,12 +90,13 @@ def rig() -> Iterator[_Rig]:
             shutdown_tracing()
 
 
-def test_crew_through_proxy_joins_and_selects_the_specialist(rig: _Rig) -> None:
+@pytest.mark.parametrize("stream", [False, True], ids=["call", "stream"])
+def test_crew_through_proxy_joins_and_selects_the_specialist(rig: _Rig, stream: bool) -> None:
     """Every call has a hook twin (agent name) and a proxy twin (token ids), joined; selecting one agent works."""
     agentlightning_crewai.instrument()
     rollout, attempt_id = rig.new_attempt()
     with (
-        openai_llms(rig.proxy.url_for(rollout.rollout_id, attempt_id)) as llms,
+        openai_llms(rig.proxy.url_for(rollout.rollout_id, attempt_id), stream=stream) as llms,
         rollout_context(rollout.rollout_id, attempt_id),
     ):
         result = build_crew(llms=llms).kickoff()
@@ -125,13 +130,16 @@ def test_crew_through_proxy_joins_and_selects_the_specialist(rig: _Rig) -> None:
         assert row.response_token_ids and row.prompt_token_ids
 
 
-def test_crew_on_the_upstream_directly(rig: _Rig) -> None:
+@pytest.mark.parametrize("stream", [False, True], ids=["call", "stream"])
+def test_crew_on_the_upstream_directly(rig: _Rig, stream: bool) -> None:
     """Without the proxy, the hook alone records each call with its messages, usage and response id."""
     agentlightning_crewai.instrument()
     rollout, attempt_id = rig.new_attempt()
-    with openai_llms(rig.upstream_url) as llms, rollout_context(rollout.rollout_id, attempt_id):
+    with openai_llms(rig.upstream_url, stream=stream) as llms, rollout_context(rollout.rollout_id, attempt_id):
         build_crew(llms=llms).kickoff()
     spans = rig.spans(rollout.rollout_id)
+    assert shape(spans) == [(name.replace("chat scripted", "chat policy"), parent) for name, parent in SEQUENTIAL_SHAPE]
+    assert_span_tree(spans)
     chats = [s for s in spans if s.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OP_CHAT]
     assert len(chats) == 4
     assert {s.attributes.get(sc.SPAN_SOURCE) for s in chats} == {sc.SOURCE_HOOK}
@@ -141,3 +149,6 @@ def test_crew_on_the_upstream_directly(rig: _Rig) -> None:
         assert span.attributes[sc.GEN_AI_OUTPUT_MESSAGES]
         assert span.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS]
         assert str(span.attributes[sc.GEN_AI_RESPONSE_ID]).startswith("chatcmpl")
+    (native_call,) = [s for s in chats if "tool_calls" in str(s.attributes[sc.GEN_AI_OUTPUT_MESSAGES])]
+    (message,) = json.loads(str(native_call.attributes[sc.GEN_AI_OUTPUT_MESSAGES]))
+    assert message["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'}
