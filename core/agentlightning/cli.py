@@ -414,6 +414,21 @@ def _load_algorithm(spec: str) -> Algorithm:
     return obj
 
 
+def _backend_algorithm(backend: str, config: Path | None, algorithm: str | None) -> Algorithm:
+    """LightningRL on ``backend`` from the trainer package (``agl train --backend verl --config run.yaml``)."""
+    if algorithm is not None:
+        raise typer.BadParameter("pass --backend or --algorithm, not both", param_hint="--backend")
+    try:
+        from agentlightning_trainer.verl.launch import algorithm_from_cli
+    except ImportError as exc:
+        hint = '--backend needs the trainer: pip install "agent-lightning[trainer]"'
+        raise typer.BadParameter(hint, param_hint="--backend") from exc
+    try:
+        return algorithm_from_cli(backend, config)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--config") from exc
+
+
 @app.command("train")
 def train_command(
     algorithm: Annotated[
@@ -434,6 +449,11 @@ def train_command(
     ] = "both",
     runners: Annotated[int, typer.Option(min=1, help="In-process runner workers (roles both and runner).")] = 4,
     token: TokenOption = None,
+    backend: Annotated[
+        Literal["torch", "verl"] | None,
+        typer.Option(help="LightningRL on this backend (agentlightning-trainer), instead of --algorithm."),
+    ] = None,
+    config: Annotated[Path | None, typer.Option(help="LightningRL settings (JSON/YAML) for --backend.")] = None,
 ) -> None:
     """Train: run an algorithm and/or runners against one store (``Trainer.fit``); one process or split by role."""
     from agentlightning.agent import load_agent
@@ -447,8 +467,12 @@ def train_command(
         lit_agent = None if agent is None or role == "algorithm" else load_agent(agent)
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--agent") from exc
+    if backend is not None and role != "runner":
+        chosen = _backend_algorithm(backend, config, algorithm)
+    else:
+        chosen = None if algorithm is None else _load_algorithm(algorithm)
     trainer = Trainer(
-        None if algorithm is None else _load_algorithm(algorithm),
+        chosen,
         store=store,
         n_runners=runners,
         role=role,

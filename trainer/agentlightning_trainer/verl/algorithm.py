@@ -39,7 +39,9 @@ class VerlLightningRL(LightningRL):
         if config.backend != "verl":
             config = LightningRLConfig.model_validate({**config.model_dump(), "backend": "verl"})
         check_verl_config(config)
-        super().__init__(config, **kwargs)
+        # LightningRL's constructor accepts only its torch backend; it gets a torch twin, then the real config.
+        super().__init__(config.model_copy(update={"backend": "torch"}), **kwargs)
+        self.config = config
         self.verl_settings = verl or VerlSettings()
         self.engine: VerlEngine | None = None
         self.checksums: list[float] = []
