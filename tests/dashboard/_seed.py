@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agentlightning import semconv
 from agentlightning.store.sqlite import SqliteLightningStore
-from agentlightning.types import LLM, AttemptStatus, AttributeValue, PromptTemplate, Span
+from agentlightning.types import LLM, AttemptStatus, Attributes, PromptTemplate, Span
 
 TRAIN_CURVE = [0.1, 0.2, 0.15, 0.3, 0.35, 0.3, 0.5, 0.45, 0.6, 0.7, 0.65, 0.8]
 VAL_CURVE = [0.2, 0.4, 0.6]
@@ -53,7 +53,13 @@ class SpanMaker:
         self.t = clock()
 
     def span(
-        self, name: str, parent: Span | None = None, ms: float = 200.0, *, leaf: bool = True, **attributes: AttributeValue
+        self,
+        name: str,
+        parent: Span | None = None,
+        ms: float = 200.0,
+        *,
+        leaf: bool = True,
+        attributes: Attributes | None = None,
     ) -> Span:
         """A finished span starting 20 ms after the previous one (or after the previous leaf's end)."""
         self.t += 20_000_000
@@ -69,7 +75,7 @@ class SpanMaker:
             name=name,
             start_time=start,
             end_time=start + int(ms * 1e6),
-            attributes=attributes,
+            attributes=attributes or {},
         )
 
     def agent(self, name: str, parent: Span | None = None, ms: float = 900.0) -> Span:
@@ -79,7 +85,7 @@ class SpanMaker:
             parent,
             ms,
             leaf=False,
-            **{semconv.GEN_AI_OPERATION_NAME: semconv.OP_INVOKE_AGENT, semconv.GEN_AI_AGENT_NAME: name},
+            attributes={semconv.GEN_AI_OPERATION_NAME: semconv.OP_INVOKE_AGENT, semconv.GEN_AI_AGENT_NAME: name},
         )
 
     def chat(self, parent: Span | None, agent: str, question: str, answer: str, ms: float = 300.0) -> Span:
@@ -88,7 +94,7 @@ class SpanMaker:
             "chat tiny-gpt",
             parent,
             ms,
-            **{
+            attributes={
                 semconv.GEN_AI_OPERATION_NAME: semconv.OP_CHAT,
                 semconv.GEN_AI_AGENT_NAME: agent,
                 semconv.GEN_AI_REQUEST_MODEL: "tiny-gpt",
@@ -108,7 +114,7 @@ class SpanMaker:
             f"execute_tool {name}",
             parent,
             80.0,
-            **{
+            attributes={
                 semconv.GEN_AI_OPERATION_NAME: semconv.OP_EXECUTE_TOOL,
                 semconv.GEN_AI_TOOL_NAME: name,
                 semconv.GEN_AI_TOOL_CALL_ARGUMENTS: arguments,
@@ -122,7 +128,7 @@ class SpanMaker:
             semconv.SPAN_REWARD,
             parent,
             1.0,
-            **{semconv.reward_attribute("value"): value, semconv.REWARD_PRIMARY: "value"},
+            attributes={semconv.reward_attribute("value"): value, semconv.REWARD_PRIMARY: "value"},
         )
 
 
@@ -133,7 +139,10 @@ async def seed_store(path: Path) -> Seeded:
     seeded = Seeded()
     template = "You write SQL for the question: {question}\nAnswer with one query."
     v1 = await store.add_resources(
-        {"writer_prompt": PromptTemplate(template=template), "policy": LLM(base_url="http://127.0.0.1:9/v1", model="tiny-gpt", weights_version=0)}
+        {
+            "writer_prompt": PromptTemplate(template=template),
+            "policy": LLM(base_url="http://127.0.0.1:9/v1", model="tiny-gpt", weights_version=0),
+        }
     )
     v2 = await store.add_resources(
         {
@@ -171,7 +180,9 @@ async def seed_store(path: Path) -> Seeded:
     rid, aid = await claim("runner-2")
     m = SpanMaker(rid, aid, clock)
     planner = m.agent("planner")
-    await finish(rid, aid, [planner, m.chat(planner, "planner", "Plan a trip", "Day 1: museum."), m.reward(0.5, planner)])
+    await finish(
+        rid, aid, [planner, m.chat(planner, "planner", "Plan a trip", "Day 1: museum."), m.reward(0.5, planner)]
+    )
     seeded.crew_rollout = rid
 
     # 3. A retried rollout: the first attempt timed out, the second failed.
@@ -188,7 +199,9 @@ async def seed_store(path: Path) -> Seeded:
     # 4. A training curve over two resources versions (the solver agent), and a validation curve.
     for i, reward in enumerate(TRAIN_CURVE):
         resources = v1 if i < len(TRAIN_CURVE) // 2 else v2
-        await store.enqueue_rollout({"n": i}, mode="train", group_id=f"math-{i % 4}", resources_id=resources.resources_id)
+        await store.enqueue_rollout(
+            {"n": i}, mode="train", group_id=f"math-{i % 4}", resources_id=resources.resources_id
+        )
         rid, aid = await claim(f"runner-{1 + i % 3}")
         m = SpanMaker(rid, aid, clock)
         solver = m.agent("solver")
@@ -203,7 +216,10 @@ async def seed_store(path: Path) -> Seeded:
     for i in range(10):
         await store.enqueue_rollout({"later": i}, mode="train")
     await store.add_resources(
-        {"writer_prompt": v2.resources["writer_prompt"], "policy": LLM(base_url="http://127.0.0.1:9/v1", model="tiny-gpt", weights_version=2)}
+        {
+            "writer_prompt": v2.resources["writer_prompt"],
+            "policy": LLM(base_url="http://127.0.0.1:9/v1", model="tiny-gpt", weights_version=2),
+        }
     )
     clock.step = 1_000_000  # the live rollout starts "now", so its worker counts as busy
     clock.now = time.time_ns()

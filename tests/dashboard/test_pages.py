@@ -11,6 +11,7 @@ import pytest
 
 from agentlightning import semconv
 from agentlightning.server import StoreServer
+from agentlightning.store.memory import InMemoryLightningStore
 from tests.dashboard._seed import TRAIN_CURVE, VAL_CURVE, Seeded
 from tests.dashboard.conftest import screenshot
 
@@ -59,7 +60,7 @@ def test_rollouts_table_filters_and_pages(page: Any, seeded_server: tuple[StoreS
 
 def test_clicking_a_rollout_shows_its_span_tree(page: Any, seeded_server: tuple[StoreServer, Seeded]) -> None:
     server, seeded = seeded_server
-    _open(page, server, f"/rollouts?offset=25")
+    _open(page, server, "/rollouts?offset=25")
     page.click(f"tr[data-rollout='{seeded.writer_rollout}']")
     page.wait_for_selector(".span-row")
     assert seeded.writer_rollout in page.url
@@ -96,7 +97,10 @@ def test_clicking_a_rollout_shows_its_span_tree(page: Any, seeded_server: tuple[
     page.fill("input[name=agents]", "writer")
     page.get_by_role("button", name="Recompute").click()
     expect(page.locator(".badge.transition")).to_have_count(1)
-    assert page.locator(".span-row", has=page.locator(".badge.transition")).locator(".badge.agent").inner_text() == "writer"
+    assert (
+        page.locator(".span-row", has=page.locator(".badge.transition")).locator(".badge.agent").inner_text()
+        == "writer"
+    )
 
 
 def test_retried_rollout_lists_attempts(page: Any, seeded_server: tuple[StoreServer, Seeded]) -> None:
@@ -129,7 +133,7 @@ def test_reward_curve_draws_every_point(page: Any, seeded_server: tuple[StoreSer
     page.get_by_role("button", name="resources version").click()
     expect(page.locator("text.tick", has_text="v2")).to_have_count(1)
     screenshot(page, "reward-curves-by-version")
-    page.locator(f"circle.pt-val").first.click()
+    page.locator("circle.pt-val").first.click()
     page.wait_for_selector(".span-row")
 
 
@@ -181,3 +185,13 @@ def test_new_span_appears_without_reload(page: Any, seeded_server: tuple[StoreSe
     page.wait_for_selector(".span-row[data-name='late tool call']", timeout=8_000)  # refresh interval: 2 s
     assert page.evaluate("window.__notReloaded") is True
     screenshot(page, "live-span")
+
+
+def test_token_protected_store_asks_for_the_token(page: Any) -> None:
+    with StoreServer(InMemoryLightningStore(), token="s3cret") as server:
+        page.goto(f"{server.url}/#/rollouts")
+        page.wait_for_selector("form.token-form")
+        page.fill("#token-input", "s3cret")
+        page.get_by_role("button", name="Open dashboard").click()
+        page.wait_for_selector("text=No rollouts match these filters yet.")
+        assert page.locator("#live").inner_text().startswith("live")
