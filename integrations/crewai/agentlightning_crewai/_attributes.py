@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from crewai.events.types.llm_events import LLMCallCompletedEvent, LLMCallStartedEvent
 from crewai.events.types.tool_usage_events import ToolUsageEvent
@@ -63,28 +63,26 @@ def llm_start_attributes(event: LLMCallStartedEvent, source: Any) -> dict[str, A
     return attributes
 
 
-def _tool_call(call: Any) -> dict[str, Any]:
-    """One OpenAI-shaped tool call from what a native function-calling response holds (dict or SDK object)."""
-    data: Any = call if isinstance(call, Mapping) else getattr(call, "model_dump", lambda: {"value": str(call)})()
-    function = data.get("function") or {}
-    arguments = function.get("arguments", data.get("arguments", ""))
+def _tool_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    """One OpenAI-shaped tool call from a native function-calling response (CrewAI serialises it to a dict)."""
+    function: Mapping[str, Any] = call.get("function") or {}
+    arguments: Any = function.get("arguments", call.get("arguments", ""))
     return {
-        "id": data.get("id"),
+        "id": call.get("id"),
         "type": "function",
         "function": {
-            "name": function.get("name", data.get("name")),
+            "name": function.get("name", call.get("name")),
             "arguments": arguments if isinstance(arguments, str) else to_json(arguments),
         },
     }
 
 
 def _output_message(response: Any) -> dict[str, Any]:
-    if (
-        isinstance(response, list)
-        and response
-        and all(isinstance(item, Mapping) and ("function" in item or "name" in item) for item in response)
-    ):
-        return {"role": "assistant", "content": None, "tool_calls": [_tool_call(item) for item in response]}
+    # Native function calling answers with the list of tool calls instead of text.
+    items: list[Any] = cast(list[Any], response) if isinstance(response, list) else []
+    calls = [cast(Mapping[str, Any], item) for item in items if isinstance(item, Mapping)]
+    if items and len(calls) == len(items) and all("function" in call or "name" in call for call in calls):
+        return {"role": "assistant", "content": None, "tool_calls": [_tool_call(call) for call in calls]}
     return {"role": "assistant", "content": response if isinstance(response, str) else to_json(response)}
 
 

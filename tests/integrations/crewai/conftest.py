@@ -17,7 +17,7 @@ with warnings.catch_warnings():
     # crewai 1.15.30's lazy ``crewai.rag`` package trips CPython's ImportWarning "Cannot set an attribute on
     # 'crewai.rag' for child module 'embeddings'" on first import; nothing we can fix, so import it once here.
     warnings.filterwarnings("ignore", "Cannot set an attribute on 'crewai", ImportWarning)
-    import crewai  # noqa: F401  # imported for its side effect: the one-time import under the filter above
+    import crewai  # noqa: F401  # pyright: ignore[reportUnusedImport]  # for the one-time import under the filter
 
 from agentlightning.tracing import ListSpanSink, shutdown_tracing
 from tests.integrations.conformance import SpanCapture
