@@ -11,6 +11,7 @@ from crewai import Agent, Crew, Process, Task
 from crewai.events.types.llm_events import LLMCallType
 from crewai.llms.base_llm import BaseLLM, llm_call_context
 from crewai.tools import BaseTool
+from crewai.tools.tool_failure import ToolFailure
 from pydantic import Field
 
 Rule = Callable[[list[dict[str, Any]]], str]
@@ -121,15 +122,21 @@ class ScriptedLLM(BaseLLM):
 
 
 class AddTool(BaseTool):
-    """Adds two integers; raises ``fail_with`` instead when set (CrewAI catches it and tells the agent)."""
+    """Adds two integers; raises ``fail_with`` instead when set (CrewAI catches it and tells the agent).
+
+    With ``report_failure`` it returns a ``ToolFailure``: the tool ran but says it did not do its job.
+    """
 
     name: str = "add"
     description: str = "Add two integers a and b."
     fail_with: Any = None
+    report_failure: bool = False
 
-    def _run(self, a: int, b: int) -> str:
+    def _run(self, a: int, b: int) -> str | ToolFailure:
         if self.fail_with is not None:
             raise self.fail_with
+        if self.report_failure:
+            return ToolFailure(message="the adder is offline", code="offline")
         return str(a + b)
 
 
@@ -138,6 +145,7 @@ def build_crew(
     process: Process = Process.sequential,
     tool_error: BaseException | None = None,
     callback_error: BaseException | None = None,
+    tool_reports_failure: bool = False,
     llms: dict[str, BaseLLM] | None = None,
 ) -> Crew:
     """The planner → specialist (with the add tool) → critic crew, with fresh models, so runs can go in parallel.
@@ -155,7 +163,7 @@ def build_crew(
         role="specialist",
         goal="Compute sums.",
         backstory="Good with numbers.",
-        tools=[AddTool(fail_with=tool_error)],
+        tools=[AddTool(fail_with=tool_error, report_failure=tool_reports_failure)],
         llm=models["specialist"],
     )
     critic = Agent(role="critic", goal="Check the work.", backstory="Hard to please.", llm=models["critic"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 from collections import Counter
 from typing import Any
 
@@ -17,7 +18,7 @@ from agentlightning import semconv as sc
 from agentlightning.tracing import rollout_context
 from agentlightning.types.spans import Span
 from agentlightning_crewai import LightningEventListener
-from tests.integrations.conformance import SpanCapture, assert_ids, assert_span_tree, shape
+from tests.integrations.conformance import SpanCapture, assert_ids, assert_isolated, assert_span_tree, shape
 from tests.integrations.crewai.fakes import SEQUENTIAL_SHAPE, ScriptedLLM, build_crew, final
 
 RO, AT = "ro-crew", "at-crew"
@@ -109,6 +110,49 @@ def test_tool_exception_recorded_on_the_tool_span(capture: SpanCapture) -> None:
         (event,) = [e for e in span.events if e.name == "exception"]
         assert event.attributes["exception.message"] == "add is broken"
     assert_span_tree(spans)
+
+
+def test_tool_reported_failure_recorded(capture: SpanCapture) -> None:
+    """A tool that returns ToolFailure ran but failed: its span says so (status ERROR, error.type ToolFailure)."""
+    agentlightning_crewai.instrument()
+    spans = _run(capture, tool_reports_failure=True)
+    (tool,) = [s for s in spans if s.attributes.get(sc.GEN_AI_TOOL_NAME) == "add"]
+    assert tool.status.code == "ERROR"
+    assert tool.attributes[sc.ERROR_TYPE] == "ToolFailure"
+    assert "the adder is offline" in (tool.status.message or "")
+
+
+def test_concurrent_sequential_and_hierarchical_crews(capture: SpanCapture) -> None:
+    """Crews of both processes at once on threads: each rollout gets exactly its own crew's spans."""
+    agentlightning_crewai.instrument()
+    runs = {f"ro-{i}": Process.hierarchical if i % 2 else Process.sequential for i in range(4)}
+    errors: list[BaseException] = []
+
+    def one(rollout_id: str, process: Process) -> None:
+        try:
+            with rollout_context(rollout_id, f"at-{rollout_id}"):
+                build_crew(process=process).kickoff()
+        except BaseException as error:  # reported on the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=one, args=item) for item in runs.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors
+    assert agentlightning_crewai.flush()
+    by_rollout = assert_isolated([s for s in capture.spans() if s.rollout_id in runs])
+    for rollout_id, process in runs.items():
+        spans = by_rollout[rollout_id]
+        assert_ids(spans, rollout_id, f"at-{rollout_id}")
+        assert len({span.trace_id for span in spans}) == 1
+        expected = {"planner": 1, "specialist": 2, "critic": 1}
+        if process == Process.hierarchical:
+            expected["Crew Manager"] = 6
+        else:
+            assert shape(spans) == SEQUENTIAL_SHAPE
+        assert _llm_agents(spans) == expected
 
 
 def test_failed_llm_call_recorded(capture: SpanCapture) -> None:
