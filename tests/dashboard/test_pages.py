@@ -187,6 +187,29 @@ def test_new_span_appears_without_reload(page: Any, seeded_server: tuple[StoreSe
     screenshot(page, "live-span")
 
 
+def test_reward_curve_grows_live(page: Any, seeded_server: tuple[StoreServer, Seeded]) -> None:
+    server, seeded = seeded_server
+    _open(page, server, "/curves")
+    points = page.locator("circle.pt")
+    before = points.count()
+    rid, aid = seeded.running_rollout, seeded.running_attempt
+    now = time.time_ns()
+    reward = {
+        "rollout_id": rid,
+        "attempt_id": aid,
+        "trace_id": "f" * 32,
+        "span_id": "d" * 16,
+        "name": semconv.SPAN_REWARD,
+        "start_time": now,
+        "end_time": now,
+        "attributes": {semconv.reward_attribute("value"): 0.9},
+    }
+    httpx.post(f"{server.url}/v1/spans", json={"spans": [reward]}).raise_for_status()
+    httpx.post(f"{server.url}/v1/rollouts/{rid}/attempts/{aid}/finish", json={"status": "succeeded"}).raise_for_status()
+    expect(points).to_have_count(before + 1, timeout=8_000)
+    expect(page.locator(f"circle.pt[data-rollout='{rid}']")).to_have_count(1)
+
+
 def test_token_protected_store_asks_for_the_token(page: Any) -> None:
     with StoreServer(InMemoryLightningStore(), token="s3cret") as server:
         page.goto(f"{server.url}/#/rollouts")

@@ -34,7 +34,7 @@ export async function refresh(state, query) {
     replace(state.chart, empty("No finished rollout with a reward yet. Points appear here as rollouts finish."));
     return;
   }
-  replace(state.chart, chart(groups, axis), h("div", { class: "muted small", text: `${data.points.length} rewarded rollouts of the ${data.considered} most recent finished ones · moving average per mode · click a point to open its rollout` }));
+  replace(state.chart, chart(groups, axis), h("div", { class: "muted small", text: `${data.points.length} rewarded rollouts of the ${data.considered} most recent finished ones · ${axis === "version" ? "mean per version" : "moving average"} per mode · click a point to open its rollout` }));
 }
 
 function groupByMode(points) {
@@ -67,6 +67,7 @@ function chart(groups, axis) {
   const all = MODES.flatMap((m) => groups[m]);
   let [x0, x1] = [Math.min(...all.map((p) => xOf(p, axis))), Math.max(...all.map((p) => xOf(p, axis)))];
   if (x0 === x1) [x0, x1] = [x0 - 1, x1 + 1];
+  if (axis === "version") [x0, x1] = [x0 - 0.25, x1 + 0.25]; // keep each version's column off the axes
   let [y0, y1] = [Math.min(...all.map((p) => p.reward)), Math.max(...all.map((p) => p.reward))];
   if (y0 === y1) [y0, y1] = [y0 - 0.5, y1 + 0.5];
   const pad = (y1 - y0) * 0.08;
