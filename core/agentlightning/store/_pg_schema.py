@@ -186,14 +186,15 @@ class PrefetchedTxn:
                         for a in self._changed_attempts.values()
                     ],
                 )
-            if self._changed_rollouts:
+            inserted = {r.rollout_id for r in self._new_rollouts}  # written whole by the insert above
+            changed = [r for r in self._changed_rollouts.values() if r.rollout_id not in inserted]
+            if changed:
                 await cursor.executemany(
                     _UPDATE_ROLLOUT,
                     [
                         (r.status, dumps_json(r.metadata, f"metadata of rollout {r.rollout_id}"), r.start_time,
                          r.end_time, r.num_attempts, r.rollout_id)
-                        for r in self._changed_rollouts.values()
-                        if r.rollout_id not in {n.rollout_id for n in self._new_rollouts}
+                        for r in changed
                     ],
                 )  # fmt: skip
 

@@ -20,6 +20,7 @@ share a database: ``postgresql://host/db?options=-csearch_path%3Dteam_a``.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal, LiteralString, TypeVar, cast
@@ -412,10 +413,7 @@ class PostgresLightningStore(LightningStore):
             return row is not None and row[0] == len(unique)
 
         await self._run(terminal)  # NotFoundError for unknown ids before any waiting
-        if timeout_s is not None and timeout_s > 0:
-            await self._wait(lambda: self._run(count), timeout_s)
-        elif timeout_s is None:
-            await self._wait(lambda: self._run(count), float("inf"))
+        await self._wait(lambda: self._run(count), math.inf if timeout_s is None else timeout_s)
         return await self._run(terminal)
 
     # --- resources -----------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Iterator
 import psycopg
 import pytest
 
+from agentlightning.client import LightningStoreClient
+from agentlightning.server import StoreServer
 from agentlightning.store import LightningStore, StoreError, SyncLightningStore
 from agentlightning.store.postgres import MIGRATIONS, PostgresLightningStore
 from agentlightning.testing.postgres import PostgresCluster
@@ -157,3 +159,14 @@ async def test_concurrent_span_batches_and_finishes_do_not_deadlock(pg_dsn: str)
         spans = await store.query_spans(claimed.rollout.rollout_id)
         assert [s.sequence_id for s in spans] == list(range(1, len(spans) + 1))
     await store.close()
+
+
+class TestPostgresStoreOverHttp(StoreConformance):
+    """client → store server → PostgreSQL passes the shared suite (the server's loop owns the pool)."""
+
+    @pytest.fixture
+    async def store(self, clock: FakeClock, pg_dsn: str) -> AsyncIterator[LightningStore]:
+        with StoreServer(lambda: PostgresLightningStore(pg_dsn, clock=clock), max_wait_s=5.0) as server:
+            client = LightningStoreClient(server.url, long_poll_s=2.0)
+            yield client
+            await client.close()
