@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 VENV_CREWAI := .venv-crewai
+VENV_VERL := .venv-verl
 # The trainer's torch; pinning it keeps pip on the CPU build where one is available locally.
 TORCH ?= torch==2.13.0
 PIP_FLAGS ?= -q --disable-pip-version-check
@@ -9,9 +10,14 @@ PIP_FLAGS ?= -q --disable-pip-version-check
 MAIN_MEMBERS := -e ./core -e ./integrations/langchain -e ./integrations/autogen -e ./integrations/openai_agents -e ./trainer -e ".[all]"
 CREWAI_MEMBERS := -e ./core -e ./integrations/crewai
 
-.PHONY: setup setup-crewai train test test-main test-crewai lint format bench clean
+.PHONY: system-deps setup setup-crewai setup-verl train test test-main test-crewai test-verl lint format bench clean
 
 setup: $(VENV)/.installed
+
+## Debian packages the suites drive for real: a PostgreSQL server (store tests) and Chromium (dashboard tests).
+system-deps:
+	bash scripts/ensure_postgres.sh
+	bash scripts/ensure_chromium.sh
 
 $(VENV)/.installed: pyproject.toml core/pyproject.toml trainer/pyproject.toml integrations/*/pyproject.toml requirements-dev.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -28,12 +34,22 @@ $(VENV_CREWAI)/.installed: core/pyproject.toml integrations/crewai/pyproject.tom
 	$(VENV_CREWAI)/bin/pip install $(PIP_FLAGS) $(CREWAI_MEMBERS) -r requirements-crewai.txt
 	touch $@
 
+setup-verl: $(VENV_VERL)/.installed
+
+# verl's CPU-importable build for the conversion/advantage tests; GPU runs use verl's own pins (docs/verl.md).
+$(VENV_VERL)/.installed: core/pyproject.toml trainer/pyproject.toml requirements-verl.txt
+	test -d $(VENV_VERL) || $(PYTHON) -m venv $(VENV_VERL)
+	$(VENV_VERL)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(VENV_VERL)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
+	$(VENV_VERL)/bin/pip install $(PIP_FLAGS) "$(TORCH)" -e ./core -e ./trainer -r requirements-verl.txt
+	touch $@
+
 ## The main job: a training run on embedded defaults (SQLite store, tiny CPU policy, example agent).
 train: setup
 	$(VENV)/bin/python -m agentlightning_trainer.quickstart
 
 ## Every test suite, in every environment; fails if any suite fails or collects no test.
-test: setup setup-crewai
+test: setup setup-crewai setup-verl system-deps
 	bash scripts/run_tests.sh
 
 test-main: setup
@@ -41,6 +57,9 @@ test-main: setup
 
 test-crewai: setup-crewai
 	bash scripts/run_tests.sh crewai
+
+test-verl: setup-verl
+	bash scripts/run_tests.sh verl
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -55,4 +74,4 @@ bench: setup
 	$(VENV)/bin/python -m bench
 
 clean:
-	rm -rf $(VENV) $(VENV_CREWAI) .pytest_cache build dist
+	rm -rf $(VENV) $(VENV_CREWAI) $(VENV_VERL) .pytest_cache build dist

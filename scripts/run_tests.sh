@@ -21,11 +21,14 @@ run_suite() {
 
 if [ "$which" = all ] || [ "$which" = main ]; then
   run_suite main .venv/bin/python -m pytest tests -p no:cacheprovider \
-    --ignore=tests/integrations/crewai --ignore=tests/examples/crew
+    --ignore=tests/integrations/crewai --ignore=tests/examples/crew --ignore=tests/trainer/verl
 fi
 if [ "$which" = all ] || [ "$which" = crewai ]; then
   crewai_paths=(tests/integrations/crewai)
   [ -d tests/examples/crew ] && crewai_paths+=(tests/examples/crew)
   run_suite crewai .venv-crewai/bin/python -m pytest "${crewai_paths[@]}" -p no:cacheprovider
+fi
+if [ "$which" = all ] || [ "$which" = verl ]; then
+  run_suite verl .venv-verl/bin/python -m pytest tests/trainer/verl -p no:cacheprovider
 fi
 exit $status
