@@ -45,7 +45,7 @@ def test_two_templates_both_edited_reward_reaches_target(
     assert apo.seed_reward == 0.0
     assert apo.best is not None and apo.best.val_reward == 1.0
     assert apo.rollouts_used <= 120
-    assert [r for r, _ in apo.val_history][0] == 0 and apo.val_history[-1][1] == 1.0
+    assert apo.val_history[0][0] == 0 and apo.val_history[-1][1] == 1.0
     best = apo.best.templates
     assert FIXES["system_prompt"] in best["system_prompt"].template
     assert FIXES["user_prompt"] in best["user_prompt"].template

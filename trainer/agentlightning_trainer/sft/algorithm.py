@@ -1,0 +1,223 @@
+"""SFT: fine-tune the policy on the best rollouts of an unmodified agent (rejection-sampling fine-tuning).
+
+Each round, like a LightningRL step: publish an ``LLM`` pointing at the LLM proxy (weights version) → enqueue every
+task ``samples_per_task`` times → wait → spans → :class:`~agentlightning.adapter.TraceAdapter` (agent selection,
+messages) → keep the best rollouts per task → examples (the engine's token ids, or the chat messages re-tokenised)
+→ negative log-likelihood with the torch learner's AdamW → publish new weights (version bump) to the policy server.
+Validation runs greedily on the held-out tasks. Resources other than the LLM found in the store's latest snapshot
+(e.g. prompt templates an APO run published) are carried into every snapshot, so "prompt then weights" works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from agentlightning.algorithm import Algorithm
+from agentlightning.store.base import LightningStore
+from agentlightning.types import LLM, Resource, Rollout
+from agentlightning_trainer.apo.batches import (
+    ServedProxy,
+    mean_reward,
+    publish_resources,
+    read_outcomes,
+    run_batch,
+    start_proxy,
+)
+from agentlightning_trainer.config import LightningRLConfig
+from agentlightning_trainer.inprocess import pick_tasks
+from agentlightning_trainer.lightning_rl import LLM_RESOURCE
+from agentlightning_trainer.policy_server import PolicyServerProcess
+from agentlightning_trainer.sft.config import SFTConfig
+from agentlightning_trainer.sft.examples import Example, build_examples, fine_tune, select_best
+from agentlightning_trainer.torch_backend.learner import TorchLearner
+from agentlightning_trainer.torch_backend.policy import Policy
+
+
+@dataclass
+class RoundMetrics:
+    """What one SFT round did."""
+
+    round: int
+    reward_mean: float
+    rollouts: int
+    selected: int
+    examples: int
+    engine_examples: int
+    policy_version: int
+    wall_s: float
+    stats: dict[str, float] = field(default_factory=dict[str, float])
+    val_reward: float | None = None
+
+
+class SFT(Algorithm):
+    """Fine-tunes a torch policy on the best rollouts per task, through the same store, proxy and policy server.
+
+    After :meth:`run`: :attr:`history` (per-round metrics), :attr:`val_history` ((round, greedy reward) pairs,
+    round 0 = before training), :attr:`policy` and :attr:`version` are filled in.
+    """
+
+    def __init__(
+        self,
+        config: SFTConfig | None = None,
+        *,
+        run_dir: Path | None = None,
+        show_progress: bool = True,
+        console: Console | None = None,
+        n_server_threads: int = 1,
+        **overrides: Any,
+    ) -> None:
+        """Validate the config now (``overrides`` are config fields), before any model is built or served."""
+        base = config or SFTConfig()
+        self.config = SFTConfig.model_validate({**base.model_dump(), **overrides}) if overrides else base
+        from agentlightning.adapter import TraceAdapter  # a bad agent pattern fails here
+
+        self.adapter = TraceAdapter(agents=self.config.agents, credit="identical", include_messages=True)
+        self.run_dir = run_dir
+        self.show_progress = show_progress
+        self.console = console or Console(stderr=True)
+        self.n_server_threads = n_server_threads
+        self.history: list[RoundMetrics] = []
+        self.val_history: list[tuple[int, float]] = []
+        self.policy: Policy | None = None
+        self.version = 0
+
+    async def run(
+        self,
+        store: LightningStore,
+        train_tasks: Sequence[Any] | None = None,
+        val_tasks: Sequence[Any] | None = None,
+    ) -> None:
+        """Fine-tune for ``config.rounds`` rounds against ``store``."""
+        if not train_tasks:
+            raise ValueError("SFT needs training tasks: trainer.fit(agent, train_tasks, val_tasks)")
+        cfg = self.config
+        run_dir = self.run_dir or Path(tempfile.mkdtemp(prefix="sft-"))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        policy = self.policy = Policy.build(cfg.policy, seed=cfg.seed)
+        learner = TorchLearner(policy, cfg.learner_config())
+        rng = random.Random(cfg.seed)
+        latest = await store.get_resources()
+        carried: dict[str, Resource] = (
+            {k: v for k, v in latest.resources.items() if not isinstance(v, LLM)} if latest is not None else {}
+        )
+        weights = run_dir / "weights.pt"
+        learner.save_weights(weights)
+        server = PolicyServerProcess(
+            cfg.policy, weights, version=self.version, seed=cfg.seed, threads=self.n_server_threads,
+            log_file=run_dir / "policy_server.log",
+        )  # fmt: skip
+        await asyncio.to_thread(server.start)
+        proxy: ServedProxy | None = None
+        try:
+            proxy = await start_proxy(store, server.base_url)
+            if val_tasks:
+                before = await self._validate(store, val_tasks, proxy, carried)
+                self.val_history.append((0, before))
+                self._say(f"SFT: greedy validation reward before fine-tuning {before:.3f}")
+            started = time.perf_counter()
+            kept: list[Example] = []
+            for round_index in range(1, cfg.rounds + 1):
+                n_tasks = cfg.tasks_per_round or len(train_tasks)
+                chosen = pick_tasks(rng, train_tasks, n_tasks)
+                rollouts = await self._rollouts(store, chosen, proxy, carried, cfg.temperature, round_index)
+                outcomes = await read_outcomes(store, rollouts, self.adapter)
+                selected = select_best(outcomes, cfg)
+                examples = build_examples(selected, policy, cfg)
+                kept = [*kept, *examples] if cfg.accumulate else examples
+                record = RoundMetrics(
+                    round=round_index,
+                    reward_mean=mean_reward(outcomes),
+                    rollouts=len(outcomes),
+                    selected=len(selected),
+                    examples=len(examples),
+                    engine_examples=sum(e.source == "engine" for e in examples),
+                    policy_version=self.version,
+                    wall_s=0.0,
+                )
+                if kept:
+                    record.stats = await asyncio.to_thread(fine_tune, learner, kept, cfg)
+                    self.version += 1
+                    await asyncio.to_thread(learner.save_weights, weights)
+                    await server.publish(weights, self.version)
+                    record.policy_version = self.version
+                else:
+                    self._say(
+                        f"SFT round {round_index}: no rollout reached min_reward {cfg.min_reward}; nothing to imitate"
+                    )
+                if val_tasks and (round_index % cfg.val_every == 0 or round_index == cfg.rounds):
+                    record.val_reward = await self._validate(store, val_tasks, proxy, carried)
+                    self.val_history.append((round_index, record.val_reward))
+                record.wall_s = time.perf_counter() - started
+                self.history.append(record)
+                self._report(record)
+        finally:
+            if proxy is not None:
+                await proxy.stop()
+            await asyncio.to_thread(server.stop)
+
+    def write_rl_checkpoint(self, directory: Path, rl_config: LightningRLConfig) -> Path:
+        """Save the fine-tuned weights as a step-0 LightningRL checkpoint, so RL (resume=True) starts from them.
+
+        The optimizer in the checkpoint is a fresh AdamW with ``rl_config``'s settings, not SFT's.
+        """
+        if self.policy is None:
+            raise ValueError("SFT has no fine-tuned policy yet: run it (trainer.fit) before handing over to RL")
+        if rl_config.policy != self.config.policy:
+            raise ValueError(
+                "LightningRL's policy spec differs from SFT's; give both the same PolicySpec so the weights fit"
+            )
+        learner = TorchLearner(self.policy, rl_config)
+        extra = {"ema": 0.0, "version": self.version, "task_rng": random.Random(rl_config.seed).getstate()}
+        return learner.save_checkpoint(directory, 0, extra)
+
+    async def _rollouts(
+        self, store: LightningStore, tasks: Sequence[Any], proxy: ServedProxy, carried: dict[str, Resource],
+        temperature: float, round_index: int,
+    ) -> list[Rollout]:  # fmt: skip
+        """One batch with the current weights: K samples per task when training, one greedy sample when validating."""
+        cfg = self.config
+        llm = LLM(
+            base_url=proxy.url,
+            model=cfg.policy.model_name,
+            proxied=True,
+            weights_version=self.version,
+            sampling={"temperature": temperature, "max_tokens": cfg.max_response_tokens},
+        )
+        snapshot = await publish_resources(store, {LLM_RESOURCE: llm}, base=carried)
+        mode = "train" if temperature > 0 else "val"
+        rollouts = await run_batch(
+            store, tasks, mode=mode, resources_id=snapshot.resources_id,
+            repeat=cfg.samples_per_task if mode == "train" else 1, group_prefix=f"sft-r{round_index}-{mode}",
+            timeout_s=cfg.rollout_timeout_s,
+        )  # fmt: skip
+        await proxy.flush()
+        return rollouts
+
+    async def _validate(
+        self, store: LightningStore, tasks: Sequence[Any], proxy: ServedProxy, carried: dict[str, Resource]
+    ) -> float:
+        """Mean final reward of one greedy rollout per validation task; failures count as 0."""
+        rollouts = await self._rollouts(store, tasks, proxy, carried, 0.0, len(self.history))
+        return mean_reward(await read_outcomes(store, rollouts, self.adapter))
+
+    def _say(self, message: str) -> None:
+        if self.show_progress:
+            self.console.print(message)
+
+    def _report(self, r: RoundMetrics) -> None:
+        val = "" if r.val_reward is None else f" · val {r.val_reward:.3f}"
+        nll = f" · nll {r.stats['nll']:.3f}" if "nll" in r.stats else ""
+        self._say(
+            f"[bold]SFT round {r.round}/{self.config.rounds}[/bold] reward {r.reward_mean:.3f} · kept "
+            f"{r.selected}/{r.rollouts} rollouts · {r.examples} examples ({r.engine_examples} with engine ids){nll} · "
+            f"weights v{r.policy_version}{val} · {r.wall_s:.1f} s"
+        )
