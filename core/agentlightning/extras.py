@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import sys
+from functools import cache
 from importlib.metadata import entry_points
-from typing import Final
+from typing import Any, Final
 
 from agentlightning.semconv import INTEGRATIONS_ENTRY_POINT_GROUP
 
@@ -17,13 +20,37 @@ EXTRAS: Final[dict[str, str]] = {
 }
 
 
+logger = logging.getLogger(__name__)
+
+
 class MissingExtraError(ImportError):
     """An optional member of Agent Lightning is not installed."""
 
 
+@cache
 def installed_integrations() -> dict[str, str]:
     """Installed members announcing themselves in the entry-point group: name -> import module."""
     return {ep.name: ep.value for ep in entry_points(group=INTEGRATIONS_ENTRY_POINT_GROUP)}
+
+
+def flush_loaded_integrations(timeout_s: float) -> None:
+    """Call ``flush(timeout_s)`` of every installed integration the process has already imported.
+
+    Some frameworks deliver their events later on threads of their own (CrewAI's event bus), so a rollout's last
+    spans exist only after the integration flushes. Integrations not imported yet are skipped: flushing must never
+    import a framework. A failing flush is logged, never raised into the runner.
+    """
+    for name, module_name in installed_integrations().items():
+        module: Any = sys.modules.get(module_name)
+        flush = getattr(module, "flush", None) if module is not None else None
+        if not callable(flush):
+            continue
+        try:
+            flush(timeout_s)
+        except Exception:
+            logger.warning(
+                "flushing the %s integration failed; some spans may reach the store late", name, exc_info=True
+            )
 
 
 def require_integration(name: str) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from agentlightning.agent import LitAgent, as_agent, normalize_reward
+from agentlightning.extras import flush_loaded_integrations
 from agentlightning.store.base import LightningStore, StoreError
 from agentlightning.types import Attempt, AttemptStatus, ClaimedRollout, ResourcesSnapshot, Rollout
 
@@ -141,12 +142,17 @@ class _Flusher:
             self._pump_task = asyncio.get_running_loop().create_task(self._pump())
         return await asyncio.shield(round_)
 
+    def _flush_all(self) -> bool:
+        # Integrations first: a framework that delivers events on its own threads creates spans when flushed.
+        flush_loaded_integrations(self._timeout_s)
+        return self._tracer.flush(self._timeout_s)
+
     async def _pump(self) -> None:
         try:
             while self._next is not None:
                 round_, self._next = self._next, None
                 try:
-                    ok = bool(await asyncio.to_thread(self._tracer.flush, self._timeout_s))
+                    ok = bool(await asyncio.to_thread(self._flush_all))
                 except Exception:  # a broken sink must not stop the runner; the tracer counts its own drops
                     logger.warning("tracer flush failed; some spans may be missing from the store", exc_info=True)
                     ok = False
