@@ -13,7 +13,11 @@ from agentlightning.types import LLM, PromptTemplate
 
 WORDS = ("apple", "river", "stone", "cloud", "maple", "tiger", "ocean", "flame")
 # The instruction the scripted optimiser appends to each template; each one is worth half the reward.
-FIXES = {"system_prompt": "Always answer in UPPERCASE.", "user_prompt": "Add an exclamation mark."}
+FIXES = {
+    "system_prompt": "Always answer in UPPERCASE.",
+    "user_prompt": "Add an exclamation mark.",
+    "writer_prompt": "Add an exclamation mark.",
+}
 SEEDS = {
     "system_prompt": PromptTemplate(template="Repeat the word you are given."),
     "user_prompt": PromptTemplate(template="The word is {word}."),
@@ -74,3 +78,36 @@ def user_prompt_agent(task: dict[str, Any], llm: LLM, user_prompt: PromptTemplat
 def tasks(words: tuple[str, ...] = WORDS) -> list[dict[str, str]]:
     """One task per word."""
     return [{"word": w} for w in words]
+
+
+def _invoke(name: str) -> Any:
+    """An ``invoke_agent`` span around an agent's calls (the adapter matches the proxy's spans to it by time)."""
+    from agentlightning import semconv as sc
+    from agentlightning.emit import operation
+
+    return operation(name, attributes={sc.GEN_AI_OPERATION_NAME: sc.OP_INVOKE_AGENT, sc.GEN_AI_AGENT_NAME: name})
+
+
+@rollout
+def two_agent_system(
+    task: dict[str, Any], llm: LLM, planner_prompt: PromptTemplate, writer_prompt: PromptTemplate
+) -> float:
+    """A planner then a writer; only the writer's template decides the reward (the '!' rule)."""
+    with OpenAI(base_url=llm.base_url, api_key="x", max_retries=0, timeout=30) as client:
+        with _invoke("planner"):
+            client.chat.completions.create(
+                model=llm.model,
+                messages=[
+                    {"role": "system", "content": planner_prompt.format()},
+                    {"role": "user", "content": f"planner-input {task['word']}"},
+                ],
+            )
+        with _invoke("writer"):
+            reply = client.chat.completions.create(
+                model=llm.model,
+                messages=[
+                    {"role": "system", "content": "writer-input"},
+                    {"role": "user", "content": writer_prompt.format(word=task["word"])},
+                ],
+            )
+    return 1.0 if (reply.choices[0].message.content or "").endswith("!") else 0.0

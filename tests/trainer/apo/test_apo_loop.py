@@ -13,7 +13,7 @@ from agentlightning.testing.fake_openai import FakeOpenAIServer
 from agentlightning.trainer import Trainer
 from agentlightning.types import LLM, PromptTemplate
 from agentlightning_trainer.apo import APO, APOConfig
-from tests.trainer.apo._word_task import FIXES, SEEDS, tasks, user_prompt_agent, word_agent
+from tests.trainer.apo._word_task import FIXES, SEEDS, tasks, two_agent_system, user_prompt_agent, word_agent
 
 
 def _config(agent: FakeOpenAIServer, optimizer: FakeOpenAIServer, tmp_path: Path, **fields: object) -> APOConfig:
@@ -108,3 +108,29 @@ def test_budget_too_small_for_the_seed_fails_before_any_rollout(
     with pytest.raises(ValueError, match="rollout_budget 5 cannot pay"):
         Trainer(APO(config, show_progress=False), store=store, n_runners=1).fit(word_agent, tasks(), tasks())
     assert asyncio.run(store.query_rollouts()) == []
+
+
+@pytest.mark.timeout(120)
+def test_one_agent_of_a_multi_agent_system(
+    agent_upstream: FakeOpenAIServer, optimizer_upstream: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    store = InMemoryLightningStore()
+    planner = PromptTemplate(template="Plan how to repeat the word.")
+    config = _config(
+        agent_upstream, optimizer_upstream, tmp_path,
+        seed_templates={"planner_prompt": planner, "writer_prompt": SEEDS["user_prompt"]},
+        optimize=("writer_prompt",), agents="writer", rounds=2, beam_width=1, branch_factor=1, target_reward=1.0,
+    )  # fmt: skip
+    apo = APO(config, show_progress=False)
+    Trainer(apo, store=store, n_runners=4).fit(two_agent_system, tasks(), tasks()[:4])
+
+    assert apo.seed_reward == 0.0 and apo.best is not None and apo.best.val_reward == 1.0
+    assert apo.best.templates["planner_prompt"] == planner  # never edited: not in `optimize`
+    critiques = [
+        str(body["messages"][0]["content"])
+        for body in optimizer_upstream.fake.requests
+        if "Write a short critique" in str(body["messages"][0]["content"])
+    ]
+    assert critiques
+    # The optimiser is shown the selected agent's calls only.
+    assert all("writer-input" in c and "planner-input" not in c for c in critiques)

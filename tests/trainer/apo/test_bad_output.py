@@ -77,7 +77,7 @@ def test_unusable_edits_are_rejected_logged_and_never_installed(
         assert fragment in reason, (fragment, reason)
     # Nothing but the seed was ever installed as a resource.
     snapshots = asyncio.run(store.list_resources())
-    assert {s.resources["user_prompt"] for s in snapshots} == {SEEDS["user_prompt"]}
+    assert snapshots and all(s.resources["user_prompt"] == SEEDS["user_prompt"] for s in snapshots)
     assert apo.best is not None and apo.best.candidate_id == "c0"
     assert all(c.templates == {} for c in apo.history if c.status == "rejected")
 

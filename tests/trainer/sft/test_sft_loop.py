@@ -39,7 +39,9 @@ def test_imitating_the_best_rollouts_raises_greedy_accuracy(tool_spec: PolicySpe
     assert sft.version == 6
     # Every round published new weights: the LLM snapshots' weights versions climb 0..6.
     snapshots = asyncio.run(store.list_resources())
-    versions = sorted({s.resources["llm"].weights_version for s in snapshots if isinstance(s.resources["llm"], LLM)})
+    versions = sorted(
+        {s.resources["llm"].weights_version or 0 for s in snapshots if isinstance(s.resources["llm"], LLM)}
+    )
     assert versions == list(range(7))
 
 
