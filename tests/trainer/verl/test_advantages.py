@@ -16,7 +16,7 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 from agentlightning.adapter import grpo_advantages
 from agentlightning.types import Transition
 from agentlightning_trainer.verl.batch import transitions_to_batch
-from tests.trainer.verl.conftest import make_transition
+from tests.trainer.verl._rows import make_transition
 
 
 def _verl_advantages(rows: list[Transition], *, normalize_std: bool = True) -> torch.Tensor:

@@ -15,7 +15,7 @@ from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_pad
 
 from agentlightning.adapter import aggregate_trajectories
 from agentlightning_trainer.verl.batch import PAD_UID, build_batch_tensors, transitions_to_batch
-from tests.trainer.verl.conftest import make_transition
+from tests.trainer.verl._rows import make_transition
 
 PAD = 0
 
@@ -123,7 +123,7 @@ def test_rollout_log_probs_only_when_every_row_has_them() -> None:
     assert b["rollout_log_probs"].tolist() == [[-1.0, -2.0], [-3.0, 0.0]]
     assert b["rollout_log_probs"].dtype == torch.float32
     mixed = [*with_lp, make_transition("ro-c", "g", response=[4], advantage=0.0)]
-    assert "rollout_log_probs" not in transitions_to_batch(mixed, pad_token_id=PAD).batch.keys()
+    assert "rollout_log_probs" not in set(transitions_to_batch(mixed, pad_token_id=PAD).batch.keys())
 
 
 def test_filler_rows_divide_the_batch_and_train_nothing() -> None:

@@ -62,8 +62,14 @@ def test_fields_land_on_verls_keys(composed: DictConfig) -> None:
     assert composed.trainer.total_training_steps == 20
 
 
+def _resolved(cfg: DictConfig) -> DictConfig:
+    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    assert isinstance(resolved, DictConfig)
+    return resolved
+
+
 def test_one_gpu_config_passes_verls_validation(composed: DictConfig) -> None:
-    cfg = OmegaConf.create(OmegaConf.to_container(composed, resolve=True))
+    cfg = _resolved(composed)
     assert need_reference_policy(cfg) is True  # kl_coef > 0
     assert need_critic(cfg) is False
     validate_config(config=cfg, use_reference_policy=True, use_critic=False)
@@ -74,8 +80,7 @@ def test_multi_gpu_and_multi_node_are_settings_only() -> None:
     cfg = compose_verl_config(_config(tasks_per_step=64, samples_per_task=16), settings)
     assert cfg.trainer.n_gpus_per_node == 8 and cfg.trainer.nnodes == 4
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
-    resolved = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    validate_config(config=resolved, use_reference_policy=False, use_critic=False)
+    validate_config(config=_resolved(cfg), use_reference_policy=False, use_critic=False)
 
 
 def test_attention_kernel_follows_flash_attn() -> None:

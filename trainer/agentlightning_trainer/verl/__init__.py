@@ -22,7 +22,18 @@ _EXPORTS: dict[str, str] = {
     "algorithm_from_cli": "agentlightning_trainer.verl.launch",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ReplicaRouter",
+    "VerlEngine",
+    "VerlLightningRL",
+    "VerlSettings",
+    "algorithm_from_cli",
+    "build_batch_tensors",
+    "compose_verl_config",
+    "run_verl",
+    "transitions_to_batch",
+    "verl_overrides",
+]
 
 
 def __getattr__(name: str) -> Any:

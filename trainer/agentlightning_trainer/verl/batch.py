@@ -1,3 +1,5 @@
+# pyright: reportMissingImports=false
+# (verl, hydra and omegaconf come with the optional [verl] extra, absent from the main environment pyright checks)
 """Our transitions → verl's padded training batch (a ``DataProto``), advantages placed per token.
 
 The layout is the one verl's own agent loop produces (``verl.experimental.agent_loop``): prompts left-padded,
@@ -11,12 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from agentlightning.adapter import LossAggregation, loss_token_weights
 from agentlightning.types import Transition
+
+if TYPE_CHECKING:
+    from verl import DataProto
 
 PAD_UID = "__agentlightning_padding__"
 """``uid`` of filler rows added to make the batch divide evenly across data-parallel ranks (loss mask all 0)."""
@@ -152,10 +158,9 @@ def transitions_to_batch(
     loss_aggregation: LossAggregation | str = LossAggregation.TOKEN_MEAN,
     size_multiple: int = 1,
     temperature: float = 1.0,
-) -> object:
+) -> DataProto:
     """verl's ``DataProto`` of ``transitions`` (see :func:`build_batch_tensors`); ``uid`` per task for grouping.
 
-    Typed ``object`` on our side because verl is untyped at this boundary; it is a ``verl.DataProto``.
     ``meta_info`` carries the sampling ``temperature`` (verl divides logits by it when recomputing log-probs) and
     ``global_token_num`` (tokens per row, for verl's throughput metrics and token balancing).
     """

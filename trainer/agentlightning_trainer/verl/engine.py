@@ -1,3 +1,5 @@
+# pyright: reportMissingImports=false
+# (verl, hydra and omegaconf come with the optional [verl] extra, absent from the main environment pyright checks)
 """verl's workers behind a small typed surface: start the actor and vLLM replicas, train on a batch, push weights.
 
 We drive verl 0.9.1's ``RayPPOTrainer`` (the ``trainer.use_v1=False`` path, worker wiring as in

@@ -1,3 +1,5 @@
+# pyright: reportMissingImports=false
+# (verl, hydra and omegaconf come with the optional [verl] extra, absent from the main environment pyright checks)
 """``agl train --backend torch|verl --config run.yaml``: the LightningRL algorithm a settings file describes.
 
 The file (JSON, or YAML when omegaconf is installed, as it is with verl) holds :class:`LightningRLConfig` fields;

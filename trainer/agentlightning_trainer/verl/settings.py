@@ -1,3 +1,5 @@
+# pyright: reportMissingImports=false
+# (verl, hydra and omegaconf come with the optional [verl] extra, absent from the main environment pyright checks)
 """verl-only settings and the one mapping of our LightningRL config onto verl's Hydra config.
 
 :func:`verl_overrides` is the single place where our settings become verl keys; :func:`compose_verl_config`
@@ -185,7 +187,7 @@ def compose_verl_config(config: LightningRLConfig, settings: VerlSettings) -> An
     from omegaconf import OmegaConf
 
     overrides = verl_overrides(config, settings)
-    config_dir = str(Path(verl_config_package.__file__).parent)
+    config_dir = str(Path(str(verl_config_package.__file__)).parent)
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         composed = compose(config_name="ppo_trainer")
     for key, value in overrides.items():
