@@ -25,10 +25,15 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, Literal, LiteralString, TypeVar, cast
 
-import psycopg
-from psycopg import AsyncConnection, errors
-from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import PoolTimeout
+try:
+    import psycopg
+    from psycopg import AsyncConnection, errors
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg_pool import PoolTimeout
+except ImportError as exc:  # the extra is missing: say which one
+    raise ImportError(
+        f'the PostgreSQL store needs psycopg 3 and psycopg_pool ({exc}); pip install "agentlightning-core[postgres]"'
+    ) from exc
 
 from agentlightning.store._pg_pools import LoopPools
 from agentlightning.store._pg_schema import CLAIM_SQL, MIGRATIONS, SELECT_ROLLOUT, TERMINAL_SQL, PrefetchedTxn

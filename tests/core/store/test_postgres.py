@@ -170,3 +170,13 @@ class TestPostgresStoreOverHttp(StoreConformance):
             client = LightningStoreClient(server.url, long_poll_s=2.0)
             yield client
             await client.close()
+
+
+def test_one_store_across_successive_event_loops(pg_dsn: str) -> None:
+    # Scripts often call asyncio.run() once per step: the pool moves to the next loop when the last one closed.
+    store = PostgresLightningStore(pg_dsn)
+    rollout = asyncio.run(store.enqueue_rollout("first loop"))
+    claimed = asyncio.run(store.claim_rollout("w"))
+    assert claimed is not None and claimed.rollout.rollout_id == rollout.rollout_id
+    assert asyncio.run(store.statistics()).rollouts_by_status == {"preparing": 1}
+    asyncio.run(store.close())
