@@ -47,6 +47,7 @@ from agentlightning_trainer.apo.optimizer import (
     render_optimizer_prompt,
     validate_candidate,
 )
+from agentlightning_trainer.inprocess import pick_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ class APO(Algorithm):
                     if not self._reserve(search, cfg.train_batch_size):
                         spent = True
                         break
-                    batch = [rng.choice(list(train_tasks)) for _ in range(cfg.train_batch_size)]
+                    batch = pick_tasks(rng, train_tasks, cfg.train_batch_size)
                     outcomes = await self._run(store, parent, batch, "train", base, proxy, round_index)
                     parent.train_reward = mean_reward(outcomes)
                     for branch in range(cfg.branch_factor):
