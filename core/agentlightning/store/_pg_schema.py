@@ -26,7 +26,7 @@ from agentlightning.types import Attempt, Rollout
 MIGRATIONS: Final[tuple[tuple[int, str, str], ...]] = (
     (
         1,
-        "rollouts, attempts, spans, resources",
+        "PostgreSQL tables: rollouts, attempts, spans, resources",
         """
         CREATE TABLE rollouts (
             seq BIGSERIAL PRIMARY KEY, rollout_id TEXT NOT NULL UNIQUE, status TEXT NOT NULL,

@@ -52,23 +52,24 @@ async def store_spans(
         cursor = await conn.execute(_EXISTING, ([s.attempt_id for s in spans], [s.span_id for s in spans]), binary=True)
         for attempt_id, span_id, data in await cursor.fetchall():
             existing[(attempt_id, span_id)] = Span.model_validate_json(data)
-    stored: list[Span] = []
     columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
-    for span in spans:
-        key = (span.attempt_id, span.span_id)
-        found = existing.get(key)
-        if found is None:
-            entry = state[span.attempt_id]
-            entry[1] += 1
-            found = span.model_copy(update={"sequence_id": entry[1]})
-            existing[key] = found
-            row = (span.rollout_id, entry[0], entry[1], span.attempt_id, span.span_id, span.name)
-            for column, value in zip(columns, (*row, found.__pydantic_serializer__.to_json(found)), strict=True):
+    result: list[Span] = []
+    for incoming in spans:
+        known = existing.get((incoming.attempt_id, incoming.span_id))
+        if known is None:
+            # New span: the next sequence id of its attempt, and one more row for the insert.
+            attempt_seq, count, _live = state[incoming.attempt_id]
+            count += 1
+            state[incoming.attempt_id][1] = count
+            known = incoming.model_copy(update={"sequence_id": count})
+            existing[(incoming.attempt_id, incoming.span_id)] = known
+            values = (incoming.rollout_id, attempt_seq, count, incoming.attempt_id, incoming.span_id, incoming.name)
+            for column, value in zip(columns, (*values, known.__pydantic_serializer__.to_json(known)), strict=True):
                 column.append(value)
-        stored.append(found)
+        result.append(known)
     async with conn.cursor() as writer:
         if columns[0]:
             await writer.execute(_INSERT, columns)
         ids = list(state)
         await writer.execute(_UPDATE_ATTEMPTS, (now, ids, [state[i][1] for i in ids], [bool(state[i][2]) for i in ids]))
-    return stored
+    return result
