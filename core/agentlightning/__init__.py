@@ -12,7 +12,6 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    # data model
     "Span": "agentlightning.types",
     "SpanEvent": "agentlightning.types",
     "SpanLink": "agentlightning.types",
@@ -26,7 +25,6 @@ _EXPORTS: dict[str, str] = {
     "PromptTemplate": "agentlightning.types",
     "ResourcesSnapshot": "agentlightning.types",
     "Transition": "agentlightning.types",
-    # emit helpers
     "emit_reward": "agentlightning.emit",
     "emit_message": "agentlightning.emit",
     "emit_object": "agentlightning.emit",
@@ -35,26 +33,30 @@ _EXPORTS: dict[str, str] = {
     "operation": "agentlightning.emit",
     "find_rewards": "agentlightning.emit",
     "final_reward": "agentlightning.emit",
-    # tracing
     "rollout_context": "agentlightning.tracing",
     "current_rollout": "agentlightning.tracing",
     "get_tracer": "agentlightning.tracing",
     "LightningTracer": "agentlightning.tracing",
-    # store
     "LightningStore": "agentlightning.store",
     "InMemoryLightningStore": "agentlightning.store",
     "SqliteLightningStore": "agentlightning.store",
     "SyncLightningStore": "agentlightning.store",
     "LightningStoreClient": "agentlightning.client",
-    # agents, runner, trainer loop
     "rollout": "agentlightning.agent",
     "LitAgent": "agentlightning.agent",
     "Runner": "agentlightning.runner",
     "Algorithm": "agentlightning.algorithm",
     "Trainer": "agentlightning.trainer",
+    "init_tracing": "agentlightning.tracing",
+    "shutdown_tracing": "agentlightning.tracing",
+    "ListSpanSink": "agentlightning.tracing",
+    "StoreSpanSink": "agentlightning.tracing",
+    "Watchdog": "agentlightning.store",
+    "TraceAdapter": "agentlightning.adapter",
+    "check_store": "agentlightning.adapter",
 }
 
-__all__ = [  # noqa: RUF022 - grouped as in _EXPORTS
+__all__ = [  # noqa: RUF022 - in the order of _EXPORTS
     "Span",
     "SpanEvent",
     "SpanLink",
@@ -90,6 +92,13 @@ __all__ = [  # noqa: RUF022 - grouped as in _EXPORTS
     "Runner",
     "Algorithm",
     "Trainer",
+    "init_tracing",
+    "shutdown_tracing",
+    "ListSpanSink",
+    "StoreSpanSink",
+    "Watchdog",
+    "TraceAdapter",
+    "check_store",
     "__version__",
 ]
 
@@ -105,6 +114,53 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from agentlightning.adapter import (
+        TraceAdapter as TraceAdapter,
+        check_store as check_store,
+    )
+    from agentlightning.agent import (
+        LitAgent as LitAgent,
+        rollout as rollout,
+    )
+    from agentlightning.algorithm import (
+        Algorithm as Algorithm,
+    )
+    from agentlightning.client import (
+        LightningStoreClient as LightningStoreClient,
+    )
+    from agentlightning.emit import (
+        emit_annotation as emit_annotation,
+        emit_exception as emit_exception,
+        emit_message as emit_message,
+        emit_object as emit_object,
+        emit_reward as emit_reward,
+        final_reward as final_reward,
+        find_rewards as find_rewards,
+        operation as operation,
+    )
+    from agentlightning.runner import (
+        Runner as Runner,
+    )
+    from agentlightning.store import (
+        InMemoryLightningStore as InMemoryLightningStore,
+        LightningStore as LightningStore,
+        SqliteLightningStore as SqliteLightningStore,
+        SyncLightningStore as SyncLightningStore,
+        Watchdog as Watchdog,
+    )
+    from agentlightning.tracing import (
+        LightningTracer as LightningTracer,
+        ListSpanSink as ListSpanSink,
+        StoreSpanSink as StoreSpanSink,
+        current_rollout as current_rollout,
+        get_tracer as get_tracer,
+        init_tracing as init_tracing,
+        rollout_context as rollout_context,
+        shutdown_tracing as shutdown_tracing,
+    )
+    from agentlightning.trainer import (
+        Trainer as Trainer,
+    )
     from agentlightning.types import (
         LLM as LLM,
         Attempt as Attempt,
