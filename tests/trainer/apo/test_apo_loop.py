@@ -63,7 +63,8 @@ def test_two_templates_both_edited_reward_reaches_target(
     latest = max(snapshots, key=lambda s: s.version)
     assert latest.resources["system_prompt"] == best["system_prompt"]
     assert latest.resources["user_prompt"] == best["user_prompt"]
-    assert isinstance(latest.resources["llm"], LLM) and latest.resources["llm"].proxied
+    # The final snapshot names the agent's model itself (APO's proxy is gone once it returns).
+    assert latest.resources["llm"] == LLM(base_url=agent_upstream.base_url, model="agent-model")
 
     history = json.loads((tmp_path / "history.json").read_text())
     by_id = {c["candidate_id"]: c for c in history}

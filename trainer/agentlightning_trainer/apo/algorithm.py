@@ -212,6 +212,10 @@ class APO(Algorithm):
                     self._say(f"APO: rollout budget spent ({search.rollouts_used} of {cfg.rollout_budget}); stopping")
                     break
             self.best = beam[0]
+            # The proxy stops with this run: the final snapshot names the agent's model itself, so that whoever runs
+            # the agent next (a deployment, or the next algorithm on the store) reaches it.
+            if cfg.agent_llm is not None:
+                base[cfg.llm_resource] = cfg.agent_llm
             final = await publish_resources(store, self.best.templates, base=base)
             self._say(
                 f"APO: best {self.best.candidate_id} scores {self.best.val_reward:.3f} (seed {self.seed_reward:.3f}); "
