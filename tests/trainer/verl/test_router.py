@@ -65,6 +65,15 @@ async def test_calls_reach_the_replicas_through_the_proxy_with_token_ids(replica
         await _stop(router_task, router_server)
 
 
+async def test_the_served_name_comes_from_the_replica(replicas: list[FakeOpenAIServer]) -> None:
+    router = ReplicaRouter([r.url for r in replicas], served_model="guess")
+    try:
+        assert await router.discover_served_model() == "fake-model"
+        assert router.served_model == "fake-model"
+    finally:
+        await router.aclose()
+
+
 async def test_a_dead_replica_is_a_502_that_names_it() -> None:
     router = ReplicaRouter(["127.0.0.1:9"], served_model=SERVED)
     url, task, server = await _serve(create_router_app(router), "127.0.0.1", "router")

@@ -80,6 +80,15 @@ async def _stop(task: asyncio.Task[None], server: Any) -> None:
         await task
 
 
+async def _checksum(engine: VerlEngine) -> float:
+    """The actor's parameter checksum, or NaN (logged) when verl's worker internals moved."""
+    try:
+        return await asyncio.to_thread(engine.actor_checksum)
+    except Exception:
+        logger.exception("could not read the actor's parameter checksum")
+        return float("nan")
+
+
 async def run_verl(
     algorithm: LightningRL,
     store: LightningStore,
@@ -108,15 +117,17 @@ async def run_verl(
     engine = VerlEngine(cfg, settings)
     if isinstance(algorithm, VerlLightningRL):
         algorithm.engine = engine
+    engine.connect()  # ray.init belongs on the main thread (signal handlers); the rest runs in a worker thread
     await asyncio.to_thread(engine.start)
     router = ReplicaRouter(engine.addresses, served_model=engine.served_model)
     router.policy_version = algorithm.version
+    await router.discover_served_model()
     router_url, router_task, router_server = await _serve(create_router_app(router), "127.0.0.1", "agl-vllm-router")
     proxy_app = create_proxy_app(store, router_url)
     proxy_url, proxy_task, proxy_server = await _serve(proxy_app, settings.proxy_host, "agl-llm-proxy")
     algorithm.console.print(f"verl: {len(router.bases)} vLLM replica(s) {router.bases} behind the proxy {proxy_url}")
     if record_checksums is not None:
-        record_checksums.append(await asyncio.to_thread(engine.actor_checksum))
+        record_checksums.append(await _checksum(engine))
     rng = random.Random(cfg.seed)
     ema = 0.0
     metrics = MetricsLogger(
@@ -150,7 +161,7 @@ async def run_verl(
                     extra = await asyncio.to_thread(engine.train_step, rows, version + 1)
                     algorithm.version = router.policy_version = version + 1
                     if record_checksums is not None:
-                        record_checksums.append(await asyncio.to_thread(engine.actor_checksum))
+                        record_checksums.append(await _checksum(engine))
                 record = StepMetrics(
                     step=step,
                     reward_mean=reward_mean,

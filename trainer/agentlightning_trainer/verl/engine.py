@@ -68,15 +68,20 @@ class VerlEngine:
         self.pad_token_id = 0
         self.dp_size = 1
 
-    def start(self) -> None:
-        """Join or start Ray, build the workers and replicas, and load the initial weights into the replicas."""
+    def connect(self) -> None:
+        """Join the Ray cluster (``ray_address``, else RAY_ADDRESS) or start a local one; call on the main thread."""
         from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+        if not ray.is_initialized():
+            ray.init(address=self.settings.ray_address, runtime_env=get_ppo_ray_runtime_env(self.verl_config))
+            self.started_ray = True
+
+    def start(self) -> None:
+        """Build the workers and replicas and load the initial weights into the replicas (minutes; blocking)."""
         from verl.utils.config import omega_conf_to_dataclass, validate_config
 
         cfg = self.verl_config
-        if not ray.is_initialized():
-            ray.init(address=self.settings.ray_address, runtime_env=get_ppo_ray_runtime_env(cfg))
-            self.started_ray = True
+        self.connect()
         OmegaConf.resolve(cfg)
         wiring = BaseTaskRunner()
         _, worker_group_cls = wiring.add_actor_rollout_worker(cfg)

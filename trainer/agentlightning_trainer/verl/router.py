@@ -61,6 +61,15 @@ class ReplicaRouter:
             await self._client.aclose()
             self._client = None
 
+    async def discover_served_model(self) -> str:
+        """Ask the first replica which model it serves (``GET /v1/models``) and route to that name from now on."""
+        answer = await self.client.get(f"{self.bases[0]}/v1/models")
+        answer.raise_for_status()
+        models = answer.json().get("data") or []
+        if models and isinstance(models[0], dict) and isinstance(models[0].get("id"), str):
+            self.served_model = models[0]["id"]
+        return self.served_model
+
     def pick(self) -> int:
         """Index of the replica with the fewest calls in flight (ties: the one routed to least)."""
         return min(range(len(self.bases)), key=lambda i: (self.in_flight[i], self.routed[i]))

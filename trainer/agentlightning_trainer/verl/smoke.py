@@ -1,3 +1,5 @@
+# pyright: reportMissingImports=false
+# (omegaconf comes with the optional [verl] extra, absent from the main environment pyright checks)
 """``python -m agentlightning_trainer.verl.smoke MODEL_PATH``: two LightningRL steps with verl on one GPU.
 
 An ordinary agent (plain HTTP to an OpenAI-compatible endpoint) multiplies two-digit numbers; its calls go through
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import re
 import sys
@@ -122,7 +125,7 @@ def train(config: LightningRLConfig, settings: VerlSettings, runners: int) -> in
             f"lag {step.policy_lag:.2f} | rollout {step.rollout_s:.1f}s update {step.update_s:.1f}s | {update}"
         )
     sums = algorithm.checksums
-    changed = len(sums) >= 2 and sums[-1] != sums[0]
+    changed = len(sums) >= 2 and math.isfinite(sums[0]) and math.isfinite(sums[-1]) and sums[-1] != sums[0]
     print(f"actor parameter checksum: before {sums[0]:.9e}, after {sums[-1]:.9e}" if sums else "no checksum")
     print(f"weight update confirmed: {'yes' if changed else 'NO'} (train + push took {elapsed:.0f}s)")
     trained = len(algorithm.history) == config.steps and not any(step.skipped for step in algorithm.history)
