@@ -70,8 +70,21 @@ async def _serve(app: Any, host: str, name: str) -> tuple[str, asyncio.Task[None
             task.result()
             raise RuntimeError(f"{name} failed to start on {host}:{port}")
         await asyncio.sleep(0.01)
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    return f"http://{shown}:{port}", task, server
+    return f"http://{_reachable_host(host)}:{port}", task, server
+
+
+def _reachable_host(host: str) -> str:
+    """The address others use for a server bound to ``host``: this node's IP when bound to every interface."""
+    if host not in ("0.0.0.0", "::"):
+        return host
+    try:
+        import ray
+
+        return str(ray.util.get_node_ip_address())  # the address the Ray cluster knows this node by
+    except Exception:  # no ray: the host name's address
+        import socket
+
+        return socket.gethostbyname(socket.gethostname())
 
 
 async def _stop(task: asyncio.Task[None], server: Any) -> None:
