@@ -194,10 +194,10 @@ class PostgresCluster:
         return f"{self.dsn_for(database)}?options=-csearch_path%3D{name}"
 
     def stop(self) -> None:
-        """Stop the server (fast shutdown) and delete the data directory; stopping twice is a no-op."""
+        """Stop the server (immediate shutdown) and delete the data directory; stopping twice is a no-op."""
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGINT)  # "fast" shutdown: roll back clients, no checkpoint wait
+            process.send_signal(signal.SIGQUIT)  # "immediate" shutdown: no checkpoint, the files are deleted next
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
