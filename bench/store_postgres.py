@@ -4,7 +4,8 @@ Run: ``.venv/bin/python -m bench.store_postgres`` (``--quick`` for a smaller run
 PostgreSQL instead of a throwaway cluster started here). The store server is ``--server-workers`` uvicorn
 processes sharing one listening socket (as ``uvicorn --workers`` does), all on one PostgreSQL database. The 64
 workers are asyncio tasks spread over ``--client-processes`` processes, each repeating enqueue -> claim -> start ->
-add 10 spans (one batch) -> finish succeeded: five requests per rollout (the cycle of ``bench.store_http``).
+add 10 spans (one batch) -> finish succeeded: five requests per rollout (the cycle of ``bench.store_http``); the
+same cycles run in process (no HTTP) for comparison.
 Prints the wall-clock rate and, because the machine is shared, CPU-time-normalised figures: CPU seconds per 1,000
 rollouts for the server, PostgreSQL and the clients, and the rate one fully used core of server + PostgreSQL
 sustains. Target (issue 16): >= 1,000 rollouts/s.
@@ -13,6 +14,7 @@ sustains. Target (issue 16): >= 1,000 rollouts/s.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import socket
@@ -133,6 +135,25 @@ def run_clients(url: str, total: int, processes: int) -> tuple[int, float, float
     return sum(int(r[0]) for r in results), wall, sum(float(r[2]) for r in results)
 
 
+def in_process(dsn: str, total: int, postmaster: int | None) -> tuple[int, float, float, float]:
+    """The same cycles against PostgresLightningStore in this process: (rollouts, wall s, CPU s, PostgreSQL CPU s)."""
+    from agentlightning.store.postgres import PostgresLightningStore
+    from bench.store_http import bench_cycles
+
+    async def run() -> tuple[int, float, float, float]:
+        store = PostgresLightningStore(dsn, max_connections=WORKERS)
+        try:
+            await bench_cycles(store, WORKERS * 2, WORKERS)  # warm up the pool and prepared statements
+            pg, cpu, began = postgres_cpu_s(postmaster), time.process_time(), time.perf_counter()
+            await bench_cycles(store, total, WORKERS)
+            wall, cpu = time.perf_counter() - began, time.process_time() - cpu
+            return total // WORKERS * WORKERS, wall, cpu, postgres_cpu_s(postmaster) - pg
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
 def main() -> None:
     """Run the benchmark and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
@@ -160,6 +181,8 @@ def main() -> None:
         server_cpu = sum(process_cpu_s(pid) for pid in server_pids) - server_cpu
         pg_cpu = postgres_cpu_s(postmaster) - pg_cpu
 
+        local_done, local_wall, local_cpu, local_pg = in_process(dsn, total, postmaster)
+
     rate = done / wall
     per_k = {
         name: cpu / done * 1000 for name, cpu in (("server", server_cpu), ("postgres", pg_cpu), ("clients", client_cpu))
@@ -179,6 +202,11 @@ def main() -> None:
     )
     print(f"  per store-side core   {per_store_core:>9,.0f} rollouts/s   (server + PostgreSQL CPU only)")
     print(f"  per machine core      {done / total_cpu:>9,.0f} rollouts/s   (every process, clients included)")
+    print(
+        f"  in-process (no HTTP)  {local_done / local_wall:>9,.0f} rollouts/s wall, "
+        f"{local_done / (local_cpu + local_pg):,.0f} per core of this process + PostgreSQL "
+        f"(CPU s per 1,000: store {local_cpu / local_done * 1000:.2f}, postgres {local_pg / local_done * 1000:.2f})"
+    )
     cores = TARGET / per_store_core if per_store_core else float("nan")
     verdict = "ok" if rate >= TARGET else f"BELOW on this machine; {cores:.1f} idle store-side cores would reach it"
     print(f"  verdict: {verdict}")
