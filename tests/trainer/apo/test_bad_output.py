@@ -110,3 +110,37 @@ def test_validate_candidate_accepts_and_strips_the_tags() -> None:
     assert got == PromptTemplate(template="Word: {word}. Shout it.")
     # Without tags the whole answer is the template.
     assert validate_candidate("t", " Say {word}! ", seed=seed, current=seed, max_chars=100).template == "Say {word}!"
+
+
+def test_optimizer_prompt_files_are_overridable_and_checked_up_front(
+    agent_upstream: FakeOpenAIServer, optimizer_upstream: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    from importlib import resources
+
+    shipped = resources.files("agentlightning_trainer.apo").joinpath("prompts", "critique.jinja2").read_text()
+    custom = tmp_path / "critique.jinja2"
+    custom.write_text("HOUSE STYLE CRITIQUE.\n" + shipped)
+    config = APOConfig(
+        optimizer_base_url=optimizer_upstream.base_url,
+        optimizer_model="optimizer",
+        agent_llm=LLM(base_url=agent_upstream.base_url, model="agent-model"),
+        seed_templates={"user_prompt": SEEDS["user_prompt"]},
+        critique_template=custom,
+        rounds=1,
+        beam_width=1,
+        branch_factor=1,
+        train_batch_size=2,
+        run_dir=tmp_path / "run",
+    )
+    apo = APO(config, show_progress=False)
+    Trainer(apo, store=InMemoryLightningStore(), n_runners=2).fit(user_prompt_agent, tasks(), tasks()[:2])
+    sent = [str(body["messages"][0]["content"]) for body in optimizer_upstream.fake.requests]
+    assert any(text.startswith("HOUSE STYLE CRITIQUE.") for text in sent)
+    assert apo.best is not None and apo.best.val_reward == 1.0
+
+    broken = tmp_path / "edit.jinja2"
+    broken.write_text("Edit {{ template_nmae }} please.")
+    with pytest.raises(ValueError, match="template_nmae"):
+        APO(config.model_copy(update={"edit_template": broken}), show_progress=False)
+    with pytest.raises(ValueError, match="does not exist"):
+        APOConfig.model_validate({**config.model_dump(), "edit_template": tmp_path / "missing.jinja2"})

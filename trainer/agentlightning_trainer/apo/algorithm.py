@@ -40,11 +40,10 @@ from agentlightning_trainer.apo.config import APOConfig
 from agentlightning_trainer.apo.optimizer import (
     CandidateRejected,
     OptimizerLLM,
-    describe_outcome,
+    check_optimizer_prompts,
+    critique_request,
+    edit_request,
     load_optimizer_prompt,
-    pick_examples,
-    placeholder_syntax,
-    render_optimizer_prompt,
     validate_candidate,
 )
 from agentlightning_trainer.inprocess import pick_tasks
@@ -112,6 +111,7 @@ class APO(Algorithm):
         self.config: APOConfig = APOConfig.model_validate(data) if overrides or config is None else config
         self.critique_prompt = load_optimizer_prompt("critique", self.config.critique_template)
         self.edit_prompt = load_optimizer_prompt("edit", self.config.edit_template)
+        check_optimizer_prompts(self.critique_prompt, self.edit_prompt)
         self.show_progress = show_progress
         self.console = console or Console(stderr=True)
         self.history: list[Candidate] = []
@@ -245,34 +245,13 @@ class APO(Algorithm):
         child = Candidate(f"c{len(search.candidates)}", dict(parent.templates), round_index, parent.candidate_id, name)
         search.candidates.append(child)
         current = parent.templates[name]
-        examples = [describe_outcome(o, cfg.max_example_chars) for o in pick_examples(outcomes, cfg.max_examples)]
-        rewards = [o.reward for o in outcomes if o.reward is not None]
+        prompt = critique_request(
+            self.critique_prompt, name, parent.templates, outcomes,
+            max_examples=cfg.max_examples, max_example_chars=cfg.max_example_chars,
+        )  # fmt: skip
         try:
-            child.critique = (
-                await llm.complete(
-                    render_optimizer_prompt(
-                        self.critique_prompt,
-                        template_name=name,
-                        templates={k: v.template for k, v in parent.templates.items()},
-                        mean_reward=mean_reward(outcomes),
-                        examples=examples,
-                        reward_range=f"observed {min(rewards):.2f} to {max(rewards):.2f}"
-                        if rewards
-                        else "none observed",
-                    )
-                )
-            ).strip()
-            answer = await llm.complete(
-                render_optimizer_prompt(
-                    self.edit_prompt,
-                    template_name=name,
-                    template=current.template,
-                    engine=current.engine,
-                    placeholders=sorted(seed.placeholders),
-                    placeholder_syntax=lambda p: placeholder_syntax(seed.engine, str(p)),  # pyright: ignore[reportUnknownLambdaType]  # called from jinja2
-                    critique=child.critique,
-                )
-            )
+            child.critique = (await llm.complete(prompt)).strip()
+            answer = await llm.complete(edit_request(self.edit_prompt, name, current, seed, child.critique))
         except Exception as exc:  # an optimiser outage costs this child, not the run; the reason is kept
             return self._reject(child, f"template {name!r}: optimiser call failed: {type(exc).__name__}: {exc}")
         child.optimizer_output = answer[:4000]

@@ -46,6 +46,42 @@ def render_optimizer_prompt(source: str, **values: Any) -> str:
         ) from exc
 
 
+def critique_request(
+    source: str, name: str, templates: Mapping[str, PromptTemplate], outcomes: Sequence[RolloutOutcome],
+    *, max_examples: int, max_example_chars: int,
+) -> str:  # fmt: skip
+    """The critique prompt for template ``name``, showing the worst runs of ``outcomes``."""
+    rewards = [o.reward for o in outcomes if o.reward is not None]
+    return render_optimizer_prompt(
+        source,
+        template_name=name,
+        templates={k: v.template for k, v in templates.items()},
+        mean_reward=sum(rewards) / max(1, len(outcomes)),
+        examples=[describe_outcome(o, max_example_chars) for o in pick_examples(outcomes, max_examples)],
+        reward_range=f"observed {min(rewards):.2f} to {max(rewards):.2f}" if rewards else "none observed",
+    )
+
+
+def edit_request(source: str, name: str, current: PromptTemplate, seed: PromptTemplate, critique: str) -> str:
+    """The edit prompt for template ``name``: its current text, the placeholders to keep, the critique."""
+    return render_optimizer_prompt(
+        source,
+        template_name=name,
+        template=current.template,
+        engine=current.engine,
+        placeholders=sorted(seed.placeholders),
+        placeholder_syntax=lambda p: placeholder_syntax(seed.engine, str(p)),  # pyright: ignore[reportUnknownLambdaType]  # called from jinja2
+        critique=critique,
+    )
+
+
+def check_optimizer_prompts(critique_source: str, edit_source: str) -> None:
+    """Render both optimiser prompts once with sample values, so an edited prompt file fails before any rollout."""
+    sample = PromptTemplate(template="Answer {question}.")
+    critique_request(critique_source, "t", {"t": sample}, [], max_examples=1, max_example_chars=100)
+    edit_request(edit_source, "t", sample, sample, "a critique")
+
+
 def describe_outcome(outcome: RolloutOutcome, max_chars: int) -> dict[str, Any]:
     """One rollout as the critique prompt shows it: task, reward, and each selected call's messages and reply."""
     calls: list[str] = []
