@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -147,7 +148,8 @@ class VerlEngine:
             batch = batch.union(trainer._compute_ref_log_prob(batch))
         metrics.update(self._update_actor(batch, mini))
         trainer.checkpoint_manager.update_weights(step)
-        return {key: float(value) for key, value in metrics.items() if isinstance(value, int | float)}
+        # numbers.Real: verl's reductions return numpy scalars (np.float32 is no Python float)
+        return {key: float(value) for key, value in metrics.items() if isinstance(value, numbers.Real)}
 
     def _update_actor(self, batch: Any, mini_batch_rows: int) -> dict[str, Any]:
         """verl's ``RayPPOTrainer._update_actor`` with our mini-batch size (rows vary per step with the agents)."""
