@@ -20,10 +20,10 @@ unchanged, after recording them on the span.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from autogen_core.models import CreateResult
 from opentelemetry import context as otel_context, trace
@@ -53,6 +53,50 @@ WRAPPED = "_agentlightning_autogen_wrapped"
 
 #: The agent name of an LLM call made outside any agent span (e.g. a bare ``client.create`` in a rollout).
 FALLBACK_AGENT = "autogen"
+
+_Wrapper = TypeVar("_Wrapper", bound=Callable[..., Any])
+
+#: What :func:`_step` returns once the stream is exhausted.
+_END = object()
+
+
+def _wrapper_of(original: Callable[..., Any]) -> Callable[[_Wrapper], _Wrapper]:
+    """``functools.wraps(original)`` that also marks the wrapper as ours (see :data:`WRAPPED`)."""
+
+    def mark(wrapper: _Wrapper) -> _Wrapper:
+        functools.update_wrapper(wrapper, original)
+        setattr(wrapper, WRAPPED, True)
+        return wrapper
+
+    return mark
+
+
+def _guarded(where: str, action: Callable[[], object]) -> None:
+    """Run a step of ours; its failure is reported, never raised into the user's run."""
+    try:
+        action()
+    except Exception as error:
+        report_failure(where, error)
+
+
+async def _step(stream: AsyncIterator[Any], enter: Callable[[], Any], leave: Callable[[Any], object]) -> Any:
+    """The next item of ``stream`` (:data:`_END` once exhausted), inside ``enter``/``leave`` only while it runs.
+
+    What ``enter`` sets holds for the stream's own code, never while our caller handles an item.
+    """
+    token = enter()
+    try:
+        return await anext(stream, _END)
+    finally:
+        leave(token)
+
+
+async def _close(stream: AsyncGenerator[Any], then: Callable[[], None]) -> None:
+    """Close ``stream``, then run ``then`` even if closing fails."""
+    try:
+        await stream.aclose()
+    finally:
+        then()
 
 
 @dataclass(slots=True)
@@ -185,7 +229,7 @@ def _complete(span: Span, call: LLMCall, result: CreateResult | None, error: Bas
 def wrap_create(original: Callable[..., Awaitable[CreateResult]]) -> Callable[..., Awaitable[CreateResult]]:
     """Wrap a client's ``create`` so each call becomes an LLM span."""
 
-    @functools.wraps(original)
+    @_wrapper_of(original)
     async def create(self: object, *args: Any, **kwargs: Any) -> CreateResult:
         if active_state() is None or current_call.get() is not None:
             return await original(self, *args, **kwargs)
@@ -201,7 +245,6 @@ def wrap_create(original: Callable[..., Awaitable[CreateResult]]) -> Callable[..
         finish_llm_span(call, result, None)
         return result
 
-    setattr(create, WRAPPED, True)
     return create
 
 
@@ -213,15 +256,8 @@ async def _recorded_stream(
     result: CreateResult | None = None
     failure: BaseException | None = None
     try:
-        while True:
-            # Marked as inside the call only while the client runs, never while our caller handles a chunk.
-            token = current_call.set(call)
-            try:
-                item = await anext(stream)
-            except StopAsyncIteration:
-                break
-            finally:
-                current_call.reset(token)
+        # Marked as inside the call only while the client runs, never while our caller handles a chunk.
+        while (item := await _step(stream, functools.partial(current_call.set, call), current_call.reset)) is not _END:
             if isinstance(item, CreateResult):
                 result = item
             yield item
@@ -229,22 +265,18 @@ async def _recorded_stream(
         failure = error
         raise
     finally:
-        try:
-            await stream.aclose()
-        finally:
-            finish_llm_span(call, result, failure)
+        await _close(stream, lambda: finish_llm_span(call, result, failure))
 
 
 def wrap_create_stream(original: Callable[..., AsyncGenerator[Any]]) -> Callable[..., AsyncGenerator[Any]]:
     """Wrap a client's ``create_stream`` so each streamed call becomes one LLM span."""
 
-    @functools.wraps(original)
+    @_wrapper_of(original)
     def create_stream(self: object, *args: Any, **kwargs: Any) -> AsyncGenerator[Any]:
         if active_state() is None or current_call.get() is not None:
             return original(self, *args, **kwargs)
         return _recorded_stream(self, original, args, kwargs)
 
-    setattr(create_stream, WRAPPED, True)
     return create_stream
 
 
@@ -265,17 +297,10 @@ def _result_text(tool: Any, value: Any) -> str:
         return to_json(value)
 
 
-def _release(call: ToolCall) -> None:
-    try:
-        call.release()
-    except Exception as error:
-        report_failure("tool span end", error)
-
-
 def wrap_run_json(original: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """Wrap ``BaseTool.run_json`` so AutoGen's tool span gets the call's arguments and result."""
 
-    @functools.wraps(original)
+    @_wrapper_of(original)
     async def run_json(self: Any, args: Mapping[str, Any], *rest: Any, **kwargs: Any) -> Any:
         call = _new_tool_call(args) if active_state() is not None else None
         if call is None:
@@ -287,9 +312,8 @@ def wrap_run_json(original: Callable[..., Awaitable[Any]]) -> Callable[..., Awai
             return value
         finally:
             pending_tool.reset(token)
-            _release(call)
+            _guarded("tool span end", call.release)
 
-    setattr(run_json, WRAPPED, True)
     return run_json
 
 
@@ -297,36 +321,25 @@ async def _recorded_tool_stream(
     tool: Any, stream: AsyncGenerator[Any], call: ToolCall, last: list[Any]
 ) -> AsyncGenerator[Any]:
     try:
-        while True:
-            token = pending_tool.set(call)
-            try:
-                item = await anext(stream)
-            except StopAsyncIteration:
-                break
-            finally:
-                pending_tool.reset(token)
+        while (item := await _step(stream, functools.partial(pending_tool.set, call), pending_tool.reset)) is not _END:
             last[:] = [item]
             yield item
         if last:
             call.result = _result_text(tool, last[0])
     finally:
-        try:
-            await stream.aclose()
-        finally:
-            _release(call)
+        await _close(stream, lambda: _guarded("tool span end", call.release))
 
 
 def wrap_run_json_stream(original: Callable[..., AsyncGenerator[Any]]) -> Callable[..., AsyncGenerator[Any]]:
     """Wrap ``BaseStreamTool.run_json_stream``: the tool span gets the arguments and the final value."""
 
-    @functools.wraps(original)
+    @_wrapper_of(original)
     def run_json_stream(self: Any, args: Mapping[str, Any], *rest: Any, **kwargs: Any) -> AsyncGenerator[Any]:
         call = _new_tool_call(args) if active_state() is not None else None
         if call is None:
             return original(self, args, *rest, **kwargs)
         return _recorded_tool_stream(self, original(self, args, *rest, **kwargs), call, [])
 
-    setattr(run_json_stream, WRAPPED, True)
     return run_json_stream
 
 
@@ -354,55 +367,45 @@ async def _recorded_team_stream(team: Any, stream: AsyncGenerator[Any]) -> Async
         span = start_team_span(team)
     except Exception as error:
         report_failure("team span start", error)
-    run_context = trace.set_span_in_context(span) if span is not None else None
+    if span is None:
+        enter, leave = _no_context, _no_context
+    else:
+        run_context = trace.set_span_in_context(span)
+        enter, leave = functools.partial(otel_context.attach, run_context), otel_context.detach
     failure: BaseException | None = None
     try:
-        while True:
-            # Current only while the team's code runs (its embedded runtime starts inside the first step and copies
-            # this context into its message loop), never across a yield to the caller.
-            token = otel_context.attach(run_context) if run_context is not None else None
-            try:
-                item = await anext(stream)
-            except StopAsyncIteration:
-                break
-            finally:
-                if token is not None:
-                    otel_context.detach(token)
+        # Current only while the team's code runs (its embedded runtime starts inside the first step and copies
+        # this context into its message loop), never across a yield to the caller.
+        while (item := await _step(stream, enter, leave)) is not _END:
             yield item
     except BaseException as error:
         failure = error
         raise
     finally:
-        try:
-            await stream.aclose()
-        finally:
-            if span is not None:
-                _end_team_span(span, failure)
+        await _close(stream, lambda: _end_team_span(span, failure))
 
 
-def _end_team_span(span: Span, failure: BaseException | None) -> None:
-    try:
-        if failure is not None and not isinstance(failure, GeneratorExit):
-            record_error(span, failure)
-    except Exception as error:
-        report_failure("team span end", error)
-    finally:
-        try:
-            span.end()
-        except Exception as error:
-            report_failure("team span end", error)
+def _no_context(token: object = None) -> None:
+    """Neither enter nor leave a context (a team run whose span could not start)."""
+
+
+def _end_team_span(span: Span | None, failure: BaseException | None) -> None:
+    if span is None:
+        return
+    if failure is not None and not isinstance(failure, GeneratorExit):
+        _guarded("team span end", lambda: record_error(span, failure))
+    _guarded("team span end", span.end)
 
 
 def wrap_team_run_stream(original: Callable[..., AsyncGenerator[Any]]) -> Callable[..., AsyncGenerator[Any]]:
     """Wrap ``BaseGroupChat.run_stream`` so a team run is one ``invoke_agent`` span over its agents' spans."""
 
-    @functools.wraps(original)
+    @_wrapper_of(original)
     def run_stream(self: Any, *args: Any, **kwargs: Any) -> AsyncGenerator[Any]:
         if active_state() is None:
             return original(self, *args, **kwargs)
         return _recorded_team_stream(self, original(self, *args, **kwargs))
 
-    setattr(run_stream, WRAPPED, True)
     return run_stream
 
 
@@ -446,7 +449,7 @@ def _note_response(call: LLMCall, response: object) -> None:
 def wrap_openai_create(original: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """Wrap openai's ``AsyncCompletions.create``/``parse`` to note the response id for the LLM span in progress."""
 
-    @functools.wraps(original)
+    @_wrapper_of(original)
     async def create(self: object, *args: Any, **kwargs: Any) -> Any:
         response = await original(self, *args, **kwargs)
         call = current_call.get()
@@ -460,5 +463,4 @@ def wrap_openai_create(original: Callable[..., Awaitable[Any]]) -> Callable[...,
             report_failure("response id", error)
         return response
 
-    setattr(create, WRAPPED, True)
     return create

@@ -8,11 +8,12 @@ starts, and written explicitly on every span of that run tree.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 from uuid import UUID
 
 from langchain_core.callbacks import BaseCallbackHandler
@@ -62,6 +63,9 @@ def _is_control_flow(error: BaseException) -> bool:
     return any(cls.__name__ == "GraphBubbleUp" for cls in type(error).__mro__)
 
 
+_Callback = TypeVar("_Callback", bound=Callable[..., None])
+
+
 class LightningCallbackHandler(BaseCallbackHandler):
     """Records a LangChain/LangGraph run as Agent Lightning spans: one per LLM call, tool call and agent (node).
 
@@ -84,6 +88,36 @@ class LightningCallbackHandler(BaseCallbackHandler):
         self._lock = threading.Lock()
         self._failures = 0
 
+    # --- boundary: no callback may raise into the user's graph ------------------------------------------------------
+    @staticmethod
+    def _at_boundary(callback: _Callback) -> _Callback:
+        """Make a callback log its own failures instead of raising them into the user's graph (STYLE.md habit 3)."""
+        where = callback.__name__
+
+        @functools.wraps(callback)
+        def guarded(self: LightningCallbackHandler, *args: Any, **kwargs: Any) -> None:
+            try:
+                callback(self, *args, **kwargs)
+            except Exception as error:
+                self._failed(where, error)
+
+        return cast(_Callback, guarded)
+
+    def _failed(self, where: str, error: Exception) -> None:
+        """Log a failure inside a callback: the first one as a warning, later ones at debug level."""
+        self._failures += 1
+        if self._failures == 1:
+            logger.warning(
+                "agentlightning_langchain: %s failed; the run continues but its spans may be incomplete "
+                "(further failures are logged at debug level)",
+                where,
+                exc_info=error,
+            )
+        else:
+            logger.debug(
+                "agentlightning_langchain: %s failed (%d failures so far)", where, self._failures, exc_info=error
+            )
+
     # Runs we never record: retrievers, retries and custom events are not part of the span contract.
     @property
     def ignore_retriever(self) -> bool:
@@ -100,21 +134,7 @@ class LightningCallbackHandler(BaseCallbackHandler):
         """Custom events are not recorded."""
         return True
 
-    # --- boundary: nothing below may raise into the user's graph ------------------------------------------------
-    def _failed(self, where: str, error: Exception) -> None:
-        self._failures += 1
-        if self._failures == 1:
-            logger.warning(
-                "agentlightning_langchain: %s failed; the run continues but its spans may be incomplete "
-                "(further failures are logged at debug level)",
-                where,
-                exc_info=error,
-            )
-        else:
-            logger.debug(
-                "agentlightning_langchain: %s failed (%d failures so far)", where, self._failures, exc_info=error
-            )
-
+    @_at_boundary
     def on_chain_start(
         self,
         serialized: dict[str, Any] | None,
@@ -127,27 +147,14 @@ class LightningCallbackHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         """Open an agent span for a node/agent run, a root span for the outermost run; skip other chains."""
-        try:
-            self._start_chain(serialized, run_id, parent_run_id, metadata, kwargs.get("name"))
-        except Exception as error:
-            self._failed("on_chain_start", error)
+        self._start_chain(serialized, run_id, parent_run_id, metadata, kwargs.get("name"))
 
+    @_at_boundary
     def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         """Close the chain's span, if it has one."""
-        try:
-            self._end(run_id, None)
-        except Exception as error:
-            self._failed("on_chain_end", error)
+        self._end(run_id)
 
-    def on_chain_error(
-        self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
-        """Record the user's exception on the chain's span and close it."""
-        try:
-            self._end(run_id, error)
-        except Exception as failure:
-            self._failed("on_chain_error", failure)
-
+    @_at_boundary
     def on_chat_model_start(
         self,
         serialized: dict[str, Any] | None,
@@ -160,13 +167,11 @@ class LightningCallbackHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         """Open an LLM span with the input messages, tool definitions, model and provider."""
-        try:
-            # LangChain starts one run per prompt of a batch, so each run sees exactly one message list.
-            prompt = input_messages_json(messages[0] if messages else [])
-            self._start_llm(serialized, prompt, run_id, parent_run_id, metadata, kwargs)
-        except Exception as error:
-            self._failed("on_chat_model_start", error)
+        # LangChain starts one run per prompt of a batch, so each run sees exactly one message list.
+        prompt = input_messages_json(messages[0] if messages else [])
+        self._start_llm(serialized, prompt, run_id, parent_run_id, metadata, kwargs)
 
+    @_at_boundary
     def on_llm_start(
         self,
         serialized: dict[str, Any] | None,
@@ -179,35 +184,17 @@ class LightningCallbackHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         """Open an LLM span for a completion-style model (its prompt is recorded as one user message)."""
-        try:
-            prompt = prompt_messages_json(prompts[0] if prompts else "")
-            self._start_llm(serialized, prompt, run_id, parent_run_id, metadata, kwargs)
-        except Exception as error:
-            self._failed("on_llm_start", error)
+        prompt = prompt_messages_json(prompts[0] if prompts else "")
+        self._start_llm(serialized, prompt, run_id, parent_run_id, metadata, kwargs)
 
+    @_at_boundary
     def on_llm_end(
         self, response: LLMResult, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
     ) -> None:
         """Close the LLM span with output messages, tool calls, usage, finish reasons and the response id."""
-        try:
-            run = self._pop(run_id)
-            if run is not None:
-                try:
-                    run.span.set_attributes(result_attributes(response))
-                finally:
-                    run.span.end()  # a span we failed to complete is still closed and delivered
-        except Exception as error:
-            self._failed("on_llm_end", error)
+        self._end(run_id, outcome=lambda: result_attributes(response))
 
-    def on_llm_error(
-        self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
-        """Record the model's exception on the LLM span and close it."""
-        try:
-            self._end(run_id, error)
-        except Exception as failure:
-            self._failed("on_llm_error", failure)
-
+    @_at_boundary
     def on_tool_start(
         self,
         serialized: dict[str, Any] | None,
@@ -221,31 +208,23 @@ class LightningCallbackHandler(BaseCallbackHandler):
         **kwargs: Any,
     ) -> None:
         """Open a tool span with the tool name, call id and arguments."""
-        try:
-            self._start_tool(serialized, input_str, inputs, run_id, parent_run_id, metadata, kwargs)
-        except Exception as error:
-            self._failed("on_tool_start", error)
+        self._start_tool(serialized, input_str, inputs, run_id, parent_run_id, metadata, kwargs)
 
+    @_at_boundary
     def on_tool_end(self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any) -> None:
         """Close the tool span with the tool's result."""
-        try:
-            run = self._pop(run_id)
-            if run is not None:
-                try:
-                    run.span.set_attribute(semconv.GEN_AI_TOOL_CALL_RESULT, tool_result_text(output))
-                finally:
-                    run.span.end()  # a span we failed to complete is still closed and delivered
-        except Exception as error:
-            self._failed("on_tool_end", error)
+        self._end(run_id, outcome=lambda: {semconv.GEN_AI_TOOL_CALL_RESULT: tool_result_text(output)})
 
-    def on_tool_error(
+    @_at_boundary
+    def on_chain_error(
         self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
     ) -> None:
-        """Record the tool's exception on its span and close it."""
-        try:
-            self._end(run_id, error)
-        except Exception as failure:
-            self._failed("on_tool_error", failure)
+        """Record the exception (the user's, the model's or a tool's) on the run's span and close it."""
+        self._end(run_id, error=error)
+
+    # Every kind of run fails the same way; one method serves all three (LangChain calls them by name).
+    on_llm_error = on_chain_error
+    on_tool_error = on_chain_error
 
     # --- internals ------------------------------------------------------------------------------------------------
     def _agent_name(self, metadata: Mapping[str, Any] | None) -> str | None:
@@ -415,16 +394,27 @@ class LightningCallbackHandler(BaseCallbackHandler):
             str(name),
         )
 
-    def _end(self, run_id: UUID, error: BaseException | None) -> None:
+    def _end(
+        self,
+        run_id: UUID,
+        *,
+        error: BaseException | None = None,
+        outcome: Callable[[], Mapping[str, AttributeValue]] | None = None,
+    ) -> None:
+        """Close the span of ``run_id`` (if it owns one) with the attributes of ``outcome`` or the ``error``."""
         run = self._pop(run_id)
         if run is None:
             return
         span = run.span
-        if error is not None and not _is_control_flow(error):
-            span.record_exception(error)
-            span.set_attribute(semconv.ERROR_TYPE, type(error).__qualname__)
-            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-        span.end()
+        try:
+            if outcome is not None:
+                span.set_attributes(outcome())
+            if error is not None and not _is_control_flow(error):
+                span.record_exception(error)
+                span.set_attribute(semconv.ERROR_TYPE, type(error).__qualname__)
+                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        finally:
+            span.end()  # a span we failed to complete is still closed and delivered
 
     @property
     def open_runs(self) -> int:
