@@ -25,17 +25,15 @@ os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")  # an offline benchmar
 
 from crewai import Agent, Crew, Task  # after the telemetry setting
 from crewai.events.event_bus import crewai_event_bus
-from crewai.events.types.llm_events import LLMCallType
-from crewai.llms.base_llm import BaseLLM, llm_call_context
 from opentelemetry.trace import NoOpTracer
 
 import agentlightning_crewai
 from agentlightning.tracing import LightningTracer, init_tracing, rollout_context, shutdown_tracing
 from agentlightning.types.spans import Span
 from agentlightning_crewai import LightningEventListener
+from tests.integrations.crewai.fakes import ScriptedLLM, final
 
 TARGET_US = 100.0
-ANSWER = "Thought: I know it.\nFinal Answer: Paris"
 PROMPT = [
     {"role": "system", "content": "You are a geography tutor. Answer in one sentence."},
     {"role": "user", "content": "What is the capital of France?"},
@@ -53,41 +51,13 @@ class _DiscardSink:
         self.spans += len(spans)
 
 
-class BenchLLM(BaseLLM):
-    """A model with no I/O that emits LLMCallStarted/Completed like CrewAI's own models."""
-
-    def supports_function_calling(self) -> bool:
-        """ReAct text."""
-        return False
-
-    def call(
-        self,
-        messages: str | list[Any],
-        tools: list[dict[str, Any]] | None = None,
-        callbacks: list[Any] | None = None,
-        available_functions: dict[str, Any] | None = None,
-        from_task: Any = None,
-        from_agent: Any = None,
-        response_model: Any = None,
-    ) -> str:
-        """Answer at once, with the events."""
-        with llm_call_context():
-            self._emit_call_started_event(messages=messages, tools=tools, from_task=from_task, from_agent=from_agent)
-            self._emit_call_completed_event(
-                response=ANSWER,
-                call_type=LLMCallType.LLM_CALL,
-                from_task=from_task,
-                from_agent=from_agent,
-                messages=messages,
-                usage={"prompt_tokens": 24, "completion_tokens": 8},
-                finish_reason="stop",
-                response_id="chatcmpl-bench",
-            )
-        return ANSWER
+def _bench_llm() -> ScriptedLLM:
+    """A model with no I/O that answers at once, emitting LLMCallStarted/Completed as CrewAI's own models do."""
+    return ScriptedLLM(model="bench", rule=final("Paris"))
 
 
 def _one_agent_crew() -> Crew:
-    agent = Agent(role="tutor", goal="Answer.", backstory="Knows geography.", llm=BenchLLM(model="bench"))
+    agent = Agent(role="tutor", goal="Answer.", backstory="Knows geography.", llm=_bench_llm())
     task = Task(description="What is the capital of France?", expected_output="a city", agent=agent)
     return Crew(agents=[agent], tasks=[task])
 
@@ -167,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     sink = _DiscardSink()
     tracer = init_tracing(sink)
-    llm = BenchLLM(model="bench")
+    llm = _bench_llm()
     # CrewAI's import leaves millions of objects on the heap; a full garbage collection over them lands on some
     # rounds and not others and made the numbers bimodal (60 vs 110 µs). Freezing the heap built so far measures
     # the work per call instead of where a collection happens to fall.

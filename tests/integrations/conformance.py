@@ -45,6 +45,7 @@ specific tests too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 import uuid
@@ -52,11 +53,12 @@ from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
+from opentelemetry.trace import NoOpTracer, Span as OtelSpan
 
-from agentlightning import semconv
+from agentlightning import semconv, tracing
 from agentlightning.tracing import (
     LightningTracer,
     ListSpanSink,
@@ -178,7 +180,7 @@ def shape(spans: Iterable[Span]) -> list[tuple[str, str | None]]:
     return sorted((span.name, None if span.parent_id is None else names.get(span.parent_id)) for span in spans)
 
 
-# --- span capture ---------------------------------------------------------------------------------------------------
+# --- span capture and faults ---------------------------------------------------------------------------------------
 class SpanCapture:
     """The process-wide tracing pipeline of one test, delivering to a list (or to a failing sink)."""
 
@@ -192,6 +194,37 @@ class SpanCapture:
         if not isinstance(self.sink, ListSpanSink):
             return []
         return [span for span in self.sink.spans if rollout_id is None or span.rollout_id == rollout_id]
+
+
+@contextlib.contextmanager
+def captured_spans() -> Iterator[SpanCapture]:
+    """The process-wide tracing pipeline delivering to a list for the duration of the block, shut down after it."""
+    capture = SpanCapture(ListSpanSink())
+    try:
+        yield capture
+    finally:
+        shutdown_tracing()
+
+
+class _BrokenTracer(NoOpTracer):
+    """A tracer whose every span start fails: the fault inside a hook that a user can never cause."""
+
+    def start_span(self, *args: Any, **kwargs: Any) -> OtelSpan:
+        raise RuntimeError("tracer broken (conformance fault injection)")
+
+
+@contextlib.contextmanager
+def broken_tracer() -> Iterator[None]:
+    """Inside this block every span start of a tracer from ``agentlightning.tracing.get_tracer`` fails.
+
+    For a :meth:`IntegrationHarness.broken_hook` whose hook resolves the process tracer when it starts spans.
+    """
+    original = tracing.get_tracer
+    tracing.get_tracer = lambda name="agentlightning": _BrokenTracer()
+    try:
+        yield
+    finally:
+        tracing.get_tracer = original
 
 
 def _new_ids() -> tuple[str, str]:
@@ -222,16 +255,7 @@ class IntegrationConformance(ABC):
     def make_harness(self) -> IntegrationHarness:
         """A fresh harness for one test."""
 
-    # --- fixtures ---------------------------------------------------------------------------------------------------
-    @pytest.fixture
-    def capture(self) -> Iterator[SpanCapture]:
-        """Spans delivered to a list by the process-wide pipeline."""
-        capture = SpanCapture(ListSpanSink())
-        try:
-            yield capture
-        finally:
-            shutdown_tracing()
-
+    # --- fixtures (``capture``, spans delivered to a list, comes from tests/integrations/conftest.py) ---------------
     @pytest.fixture
     def harness(self, capture: SpanCapture) -> Iterator[IntegrationHarness]:
         """The integration, instrumented for the test and uninstrumented after it."""

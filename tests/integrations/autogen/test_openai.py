@@ -6,7 +6,6 @@ share ``gen_ai.response.id`` so the adapter joins them into one call of the righ
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -20,22 +19,13 @@ from autogen_ext.models.openai import OpenAIChatCompletionClient
 
 from agentlightning import semconv
 from agentlightning.adapter import find_llm_calls
-from agentlightning.proxy import ProxyServer
-from agentlightning.store.memory import InMemoryLightningStore
-from agentlightning.testing import FakeOpenAI, FakeReply, FakeRequest, FakeToolCall
-from agentlightning.tracing import StoreSpanSink, init_tracing, rollout_context, shutdown_tracing
-from agentlightning.types.spans import Span
+from agentlightning.testing import FakeOpenAI
+from agentlightning.tracing import rollout_context
 from tests.integrations.autogen.fakes import MODEL_INFO, make_add_tool, run_task
 from tests.integrations.conformance import SpanCapture, assert_span_tree, shape
+from tests.integrations.proxy_rig import ProxyRig, add_then_answer, assert_joined, serve_proxy_rig
 
 pytestmark = pytest.mark.usefixtures("instrumented")
-
-
-def _add_then_answer(request: FakeRequest) -> FakeReply:
-    """A tool loop: call add(2, 3) first, answer once the tool result is in the conversation."""
-    if request.has_tool_results:
-        return FakeReply(text="The sum is 5.")
-    return FakeReply(tool_calls=[FakeToolCall("add", '{"a":2,"b":3}', id="call_add")])
 
 
 def _client(base_url: str) -> OpenAIChatCompletionClient:
@@ -57,7 +47,8 @@ async def _run_calculator(base_url: str, *, stream: bool) -> TaskResult:
 
 @pytest.fixture
 def upstream() -> Iterator[str]:
-    with FakeOpenAI(reply=_add_then_answer).serve() as server:
+    """The base URL of a fake upstream that answers with a tool loop."""
+    with FakeOpenAI(reply=add_then_answer).serve() as server:
         yield server.base_url
 
 
@@ -90,61 +81,26 @@ async def test_openai_client_llm_spans(capture: SpanCapture, upstream: str, stre
         assert int(str(calls[0].attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS])) > 0
 
 
-class _Rig:
-    """Store, fake upstream and proxy on loopback; hook spans go to the same store through the tracing pipeline."""
-
-    def __init__(self, store: InMemoryLightningStore, proxy: ProxyServer) -> None:
-        self.store = store
-        self.proxy = proxy
-        self.tracer = init_tracing(StoreSpanSink(store))
-
-    async def new_attempt(self) -> tuple[str, str]:
-        await self.store.enqueue_rollout({"task": "add"})
-        claimed = await self.store.claim_rollout("worker")
-        assert claimed is not None
-        return claimed.rollout.rollout_id, claimed.attempt.attempt_id
-
-    async def spans(self, rollout_id: str) -> list[Span]:
-        await asyncio.to_thread(self.tracer.flush)
-        await asyncio.to_thread(self.proxy.flush)
-        return await self.store.query_spans(rollout_id)
-
-
 @pytest.fixture
-def rig() -> Iterator[_Rig]:
-    store = InMemoryLightningStore()
-    with FakeOpenAI(reply=_add_then_answer).serve() as fake, ProxyServer(store, fake.base_url) as proxy:
-        try:
-            yield _Rig(store, proxy)
-        finally:
-            shutdown_tracing()
+def rig() -> Iterator[ProxyRig]:
+    """Store, fake upstream (a tool loop) and proxy on loopback."""
+    with serve_proxy_rig(add_then_answer) as rig:
+        yield rig
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_hook_and_proxy_spans_join(rig: _Rig, stream: bool) -> None:
+async def test_hook_and_proxy_spans_join(rig: ProxyRig, stream: bool) -> None:
     """Single agent via the proxy: every LLM call has a hook twin and a proxy twin with the same response id."""
-    rollout_id, attempt_id = await rig.new_attempt()
+    rollout_id, attempt_id = await rig.anew_attempt()
     with rollout_context(rollout_id, attempt_id):
         await _run_calculator(rig.proxy.url_for(rollout_id, attempt_id), stream=stream)
-    spans = await rig.spans(rollout_id)
-    hook = [s for s in spans if s.attributes.get(semconv.SPAN_SOURCE) == "hook" and s.name.startswith("chat")]
-    proxy = [s for s in spans if s.attributes.get(semconv.SPAN_SOURCE) == "proxy"]
-    assert len(hook) == len(proxy) == 2
-    hook_ids = sorted(str(s.attributes.get(semconv.GEN_AI_RESPONSE_ID)) for s in hook)
-    assert hook_ids == sorted(str(s.attributes.get(semconv.GEN_AI_RESPONSE_ID)) for s in proxy)
-    assert all(hook_ids)
-
-    calls = find_llm_calls(spans)
-    assert len(calls) == 2
-    for call in calls:
-        assert sorted(call.sources) == ["hook", "proxy"]
-        assert call.has_token_ids
-        assert call.agent_name == "calculator"
+    calls = assert_joined(await rig.aspans(rollout_id), 2)
+    assert all(call.agent_name == "calculator" for call in calls)
 
 
-async def test_team_through_proxy_names_each_agent(rig: _Rig) -> None:
+async def test_team_through_proxy_names_each_agent(rig: ProxyRig) -> None:
     """A 3-agent team on the proxy: each joined call is named for the agent that made it, so one can be trained."""
-    rollout_id, attempt_id = await rig.new_attempt()
+    rollout_id, attempt_id = await rig.anew_attempt()
     url = rig.proxy.url_for(rollout_id, attempt_id)
     clients = [_client(url) for _ in range(3)]
     members: list[ChatAgent | Team] = [
@@ -158,6 +114,6 @@ async def test_team_through_proxy_names_each_agent(rig: _Rig) -> None:
     finally:
         for client in clients:
             await client.close()
-    calls = find_llm_calls(await rig.spans(rollout_id))
+    calls = find_llm_calls(await rig.aspans(rollout_id))
     assert [call.agent_name for call in calls] == ["planner", "solver", "critic"]
     assert all(sorted(call.sources) == ["hook", "proxy"] and call.has_token_ids for call in calls)

@@ -19,9 +19,6 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", "Cannot set an attribute on 'crewai", ImportWarning)
     import crewai  # noqa: F401  # pyright: ignore[reportUnusedImport]  # for the one-time import under the filter
 
-from agentlightning.tracing import ListSpanSink, shutdown_tracing
-from tests.integrations.conformance import SpanCapture
-
 
 @pytest.fixture(autouse=True)
 def uninstrumented() -> Iterator[None]:
@@ -33,16 +30,6 @@ def uninstrumented() -> Iterator[None]:
         yield
     finally:
         agentlightning_crewai.uninstrument()
-
-
-@pytest.fixture
-def capture() -> Iterator[SpanCapture]:
-    """The process-wide tracing pipeline of one test, delivering to a list."""
-    capture = SpanCapture(ListSpanSink())
-    try:
-        yield capture
-    finally:
-        shutdown_tracing()
 
 
 # Third-party warnings this suite cannot fix (warnings are errors in this repository), each scoped to its origin:

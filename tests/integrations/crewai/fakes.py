@@ -1,4 +1,7 @@
-"""Offline CrewAI pieces: a scripted custom ``BaseLLM`` that emits its own LLM events, a tool, and the 3-agent crew."""
+"""Offline CrewAI pieces: a scripted custom ``BaseLLM`` that emits its own LLM events, a tool, and the 3-agent crew.
+
+``bench/integration_crewai.py`` measures the listener on :class:`ScriptedLLM` too.
+"""
 
 from __future__ import annotations
 
@@ -107,18 +110,9 @@ class ScriptedLLM(BaseLLM):
             )
             return answer
 
-    async def acall(
-        self,
-        messages: str | list[Any],
-        tools: list[dict[str, Any]] | None = None,
-        callbacks: list[Any] | None = None,
-        available_functions: dict[str, Any] | None = None,
-        from_task: Any = None,
-        from_agent: Any = None,
-        response_model: Any = None,
-    ) -> str:
-        """The same, for CrewAI's native async path."""
-        return self.call(messages, tools, callbacks, available_functions, from_task, from_agent, response_model)
+    async def acall(self, *args: Any, **kwargs: Any) -> str:
+        """The same, for CrewAI's native async path (same parameters as :meth:`call`)."""
+        return self.call(*args, **kwargs)
 
 
 class AddTool(BaseTool):

@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from crewai.events.event_bus import crewai_event_bus
 from crewai.events.types.llm_events import LLMCallStartedEvent
-from opentelemetry.trace import NoOpTracer, Span
 
 import agentlightning_crewai
-from agentlightning import tracing
-from tests.integrations.conformance import IntegrationConformance, IntegrationHarness
+from tests.integrations.conformance import IntegrationConformance, IntegrationHarness, broken_tracer
 from tests.integrations.crewai.fakes import build_crew
-
-
-class _BrokenTracer(NoOpTracer):
-    """A tracer whose every span start fails: the fault inside our hook that a user can never cause."""
-
-    def start_span(self, *args: Any, **kwargs: Any) -> Span:
-        raise RuntimeError("tracer broken (conformance fault injection)")
 
 
 def our_handlers(event_class: type[Any] = LLMCallStartedEvent) -> int:
     """Handlers of ours on CrewAI's bus for one event class (the bus keeps no public list, hence its private map)."""
-    handlers = crewai_event_bus._sync_handlers.get(event_class, frozenset())  # pyright: ignore[reportPrivateUsage]
+    by_class = crewai_event_bus._sync_handlers  # pyright: ignore[reportPrivateUsage]  # no public list exists
+    handlers = by_class.get(event_class, frozenset())
     return sum("LightningEventListener" in getattr(handler, "__qualname__", "") for handler in handlers)
 
 
@@ -61,15 +52,9 @@ class CrewAIHarness(IntegrationHarness):
         """CrewAI hands events to handlers later, on its thread pool."""
         assert agentlightning_crewai.flush(timeout_s=30.0)
 
-    @contextlib.contextmanager
-    def broken_hook(self) -> Iterator[None]:
+    def broken_hook(self) -> AbstractContextManager[None]:
         """Every span start inside the listener raises (it resolves the process tracer per trace)."""
-        original = tracing.get_tracer
-        tracing.get_tracer = lambda name="agentlightning": _BrokenTracer()
-        try:
-            yield
-        finally:
-            tracing.get_tracer = original
+        return broken_tracer()
 
 
 class TestCrewAIConformance(IntegrationConformance):

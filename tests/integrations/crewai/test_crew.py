@@ -199,7 +199,8 @@ def test_events_out_of_order_build_the_same_tree(capture: SpanCapture, order: st
     """CrewAI's pool may hand a child's (or an end's) event over before its parent's: the tree must not care."""
     events: list[tuple[Any, BaseEvent]] = []
     recorder = agentlightning_crewai.instrument()
-    classes = [event_class for event_class, _ in recorder._registered]  # pyright: ignore[reportPrivateUsage]
+    registered = recorder._registered  # pyright: ignore[reportPrivateUsage]  # the event classes it listens to
+    classes = [event_class for event_class, _ in registered]
 
     def record(source: Any, event: BaseEvent) -> None:
         events.append((source, event))
@@ -218,7 +219,7 @@ def test_events_out_of_order_build_the_same_tree(capture: SpanCapture, order: st
     listener = LightningEventListener()
     handlers = dict(listener._registered)  # pyright: ignore[reportPrivateUsage]  # drive the handlers directly
     listener.remove()
-    capture.sink.clear()  # type: ignore[union-attr]
+    capture.sink.clear()  # type: ignore[union-attr]  # the capture fixture always delivers to a ListSpanSink
     with rollout_context(RO, AT):
         for source, event in replay:
             handlers[type(event)](source, event)

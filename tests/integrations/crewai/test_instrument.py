@@ -15,7 +15,7 @@ TELEMETRY = "CREWAI_DISABLE_TELEMETRY"
 
 def _ours_on_bus() -> int:
     """Every handler of ours on the bus, over all event classes (the bus keeps no public list)."""
-    handlers = crewai_event_bus._sync_handlers  # pyright: ignore[reportPrivateUsage]
+    handlers = crewai_event_bus._sync_handlers  # pyright: ignore[reportPrivateUsage]  # no public list exists
     return sum(
         "LightningEventListener" in getattr(handler, "__qualname__", "")
         for registered in list(handlers.values())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import Iterator
@@ -13,15 +12,12 @@ from crewai import LLM
 
 import agentlightning_crewai
 from agentlightning import semconv as sc
-from agentlightning.adapter import TraceAdapter, find_llm_calls
-from agentlightning.proxy import ProxyServer
-from agentlightning.store.memory import InMemoryLightningStore
-from agentlightning.testing import FakeOpenAI, FakeReply, FakeRequest, FakeToolCall
-from agentlightning.tracing import LightningTracer, StoreSpanSink, init_tracing, rollout_context, shutdown_tracing
-from agentlightning.types import Rollout
-from agentlightning.types.spans import Span
+from agentlightning.adapter import TraceAdapter
+from agentlightning.testing import FakeReply, FakeRequest, FakeToolCall
+from agentlightning.tracing import rollout_context
 from tests.integrations.conformance import assert_span_tree, shape
 from tests.integrations.crewai.fakes import SEQUENTIAL_SHAPE, build_crew
+from tests.integrations.proxy_rig import ProxyRig, assert_joined, hook_and_proxy_chats, serve_proxy_rig
 
 ROLES = ("planner", "specialist", "critic")
 
@@ -53,48 +49,18 @@ def openai_llms(base_url: str, *, stream: bool = False) -> Iterator[dict[str, An
                 client.close()
 
 
-class _Rig:
-    """Store, fake upstream and proxy on loopback; hook spans reach the same store through the tracing pipeline."""
-
-    def __init__(
-        self, store: InMemoryLightningStore, upstream_url: str, proxy: ProxyServer, tracer: LightningTracer
-    ) -> None:
-        self.store = store
-        self.upstream_url = upstream_url
-        self.proxy = proxy
-        self.tracer = tracer
-
-    def new_attempt(self) -> tuple[Rollout, str]:
-        async def claim() -> tuple[Rollout, str]:
-            await self.store.enqueue_rollout({"task": "add"})
-            claimed = await self.store.claim_rollout("worker")
-            assert claimed is not None
-            return claimed.rollout, claimed.attempt.attempt_id
-
-        return asyncio.run(claim())
-
-    def spans(self, rollout_id: str) -> list[Span]:
-        assert agentlightning_crewai.flush()
-        self.tracer.flush()
-        self.proxy.flush()
-        return asyncio.run(self.store.query_spans(rollout_id))
-
-
 @pytest.fixture
-def rig() -> Iterator[_Rig]:
-    store = InMemoryLightningStore()
-    with FakeOpenAI(reply=crew_reply).serve() as upstream, ProxyServer(store, upstream.base_url) as proxy:
-        try:
-            yield _Rig(store, upstream.base_url, proxy, init_tracing(StoreSpanSink(store)))
-        finally:
-            shutdown_tracing()
+def rig() -> Iterator[ProxyRig]:
+    """Store, fake upstream (the crew's replies) and proxy on loopback; the listener's buffered spans are flushed."""
+    with serve_proxy_rig(crew_reply, flush_hook=agentlightning_crewai.flush) as rig:
+        yield rig
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["call", "stream"])
-def test_crew_through_proxy_joins_and_selects_the_specialist(rig: _Rig, stream: bool) -> None:
+def test_crew_through_proxy_joins_and_selects_the_specialist(rig: ProxyRig, stream: bool) -> None:
     """Every call has a hook twin (agent name) and a proxy twin (token ids), joined; selecting one agent works."""
     agentlightning_crewai.instrument()
-    rollout, attempt_id = rig.new_attempt()
+    rollout, attempt_id = rig.claim()
     with (
         openai_llms(rig.proxy.url_for(rollout.rollout_id, attempt_id), stream=stream) as llms,
         rollout_context(rollout.rollout_id, attempt_id),
@@ -103,27 +69,18 @@ def test_crew_through_proxy_joins_and_selects_the_specialist(rig: _Rig, stream: 
     assert str(result) == "correct"
 
     spans = rig.spans(rollout.rollout_id)
-    hook = [s for s in spans if s.attributes.get(sc.SPAN_SOURCE) == sc.SOURCE_HOOK and s.name.startswith("chat")]
-    proxy = [s for s in spans if s.attributes.get(sc.SPAN_SOURCE) == sc.SOURCE_PROXY]
-    assert len(hook) == len(proxy) == 4
-    hook_ids = sorted(str(s.attributes.get(sc.GEN_AI_RESPONSE_ID)) for s in hook)
-    assert hook_ids == sorted(str(s.attributes.get(sc.GEN_AI_RESPONSE_ID)) for s in proxy)
-    assert all(hook_ids)
+    calls = assert_joined(spans, 4)
+    assert sorted(call.agent_name or "" for call in calls) == ["critic", "planner", "specialist", "specialist"]
 
     tool = [s for s in spans if s.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OP_EXECUTE_TOOL]
     assert len(tool) == 1
     assert tool[0].attributes[sc.GEN_AI_TOOL_NAME] == "add"
     assert tool[0].attributes[sc.GEN_AI_TOOL_CALL_RESULT] == "5"
 
-    calls = find_llm_calls(spans)
-    assert sorted(call.agent_name or "" for call in calls) == ["critic", "planner", "specialist", "specialist"]
-    for call in calls:
-        assert sorted(call.sources) == ["hook", "proxy"]
-        assert call.has_token_ids
-
     transitions = TraceAdapter(agents="specialist").adapt(rollout, spans, final_reward=1.0)
     assert len(transitions) == 2
     assert {row.agent_name for row in transitions} == {"specialist"}
+    hook, _ = hook_and_proxy_chats(spans)
     specialist = [s for s in hook if s.attributes[sc.GEN_AI_AGENT_NAME] == "specialist"]
     assert len(specialist) == 2
     for row in transitions:
@@ -131,10 +88,10 @@ def test_crew_through_proxy_joins_and_selects_the_specialist(rig: _Rig, stream: 
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["call", "stream"])
-def test_crew_on_the_upstream_directly(rig: _Rig, stream: bool) -> None:
+def test_crew_on_the_upstream_directly(rig: ProxyRig, stream: bool) -> None:
     """Without the proxy, the hook alone records each call with its messages, usage and response id."""
     agentlightning_crewai.instrument()
-    rollout, attempt_id = rig.new_attempt()
+    rollout, attempt_id = rig.claim()
     with openai_llms(rig.upstream_url, stream=stream) as llms, rollout_context(rollout.rollout_id, attempt_id):
         build_crew(llms=llms).kickoff()
     spans = rig.spans(rollout.rollout_id)

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 from langchain_core.callbacks import CallbackManager
-from opentelemetry.trace import NoOpTracer, Span
 
 import agentlightning_langchain
-from agentlightning import tracing
 from agentlightning_langchain import LightningCallbackHandler
-from tests.integrations.conformance import IntegrationConformance, IntegrationHarness
+from tests.integrations.conformance import IntegrationConformance, IntegrationHarness, broken_tracer
 from tests.integrations.langchain.fakes import (
     ToolFailure,
     build_react_agent,
@@ -21,13 +18,6 @@ from tests.integrations.langchain.fakes import (
     scripted_model,
     team_input,
 )
-
-
-class _BrokenTracer(NoOpTracer):
-    """A tracer whose every span start fails: the fault inside our hook that a user can never cause."""
-
-    def start_span(self, *args: Any, **kwargs: Any) -> Span:
-        raise RuntimeError("tracer broken (conformance fault injection)")
 
 
 class LangChainHarness(IntegrationHarness):
@@ -57,15 +47,9 @@ class LangChainHarness(IntegrationHarness):
         manager = CallbackManager.configure()
         return sum(isinstance(handler, LightningCallbackHandler) for handler in manager.handlers)
 
-    @contextlib.contextmanager
-    def broken_hook(self) -> Iterator[None]:
+    def broken_hook(self) -> AbstractContextManager[None]:
         """Every span start inside the handler raises (it resolves the process tracer per run tree)."""
-        original = tracing.get_tracer
-        tracing.get_tracer = lambda name="agentlightning": _BrokenTracer()
-        try:
-            yield
-        finally:
-            tracing.get_tracer = original
+        return broken_tracer()
 
 
 class TestLangChainConformance(IntegrationConformance):

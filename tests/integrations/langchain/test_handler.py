@@ -104,6 +104,16 @@ def chat_attributes(agent: str, inputs: list[Any], output: dict[str, Any], **res
     }
 
 
+def response(response_id: str, finish_reason: str, input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    """The response attributes of an LLM span: id, finish reason and token usage."""
+    return {
+        semconv.GEN_AI_RESPONSE_ID: response_id,
+        semconv.GEN_AI_RESPONSE_FINISH_REASONS: [finish_reason],
+        semconv.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: output_tokens,
+    }
+
+
 # --- prebuilt agent -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", MODES)
 def test_prebuilt_agent_spans(mode: str, capture: SpanCapture) -> None:
@@ -136,12 +146,7 @@ def test_prebuilt_agent_spans(mode: str, capture: SpanCapture) -> None:
         [user],
         {"role": "assistant", "content": "", "tool_calls": [ADD_CALL]},
         **tools,
-        **{
-            semconv.GEN_AI_RESPONSE_ID: "resp-1",
-            semconv.GEN_AI_RESPONSE_FINISH_REASONS: ["tool_calls"],
-            semconv.GEN_AI_USAGE_INPUT_TOKENS: 12,
-            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 7,
-        },
+        **response("resp-1", "tool_calls", 12, 7),
     )
     assert genai(second) == chat_attributes(
         "agent",
@@ -152,12 +157,7 @@ def test_prebuilt_agent_spans(mode: str, capture: SpanCapture) -> None:
         ],
         {"role": "assistant", "content": "The sum is 5."},
         **tools,
-        **{
-            semconv.GEN_AI_RESPONSE_ID: "resp-2",
-            semconv.GEN_AI_RESPONSE_FINISH_REASONS: ["stop"],
-            semconv.GEN_AI_USAGE_INPUT_TOKENS: 30,
-            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 6,
-        },
+        **response("resp-2", "stop", 30, 6),
     )
     assert first.kind == "CLIENT"
     (tool,) = by_name(spans, "execute_tool add")
@@ -198,24 +198,14 @@ def test_multi_agent_graph_spans(mode: str, capture: SpanCapture) -> None:
         "planner",
         [user],
         planned,
-        **{
-            semconv.GEN_AI_RESPONSE_ID: "plan",
-            semconv.GEN_AI_RESPONSE_FINISH_REASONS: ["stop"],
-            semconv.GEN_AI_USAGE_INPUT_TOKENS: 8,
-            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 5,
-        },
+        **response("plan", "stop", 8, 5),
     )
     assert genai(research) == chat_attributes(
         "research_agent",
         [user, planned],
         {"role": "assistant", "content": "", "tool_calls": [call]},
-        **{
-            semconv.GEN_AI_TOOL_DEFINITIONS: ADD_TOOL_DEFINITION,
-            semconv.GEN_AI_RESPONSE_ID: "res",
-            semconv.GEN_AI_RESPONSE_FINISH_REASONS: ["tool_calls"],
-            semconv.GEN_AI_USAGE_INPUT_TOKENS: 20,
-            semconv.GEN_AI_USAGE_OUTPUT_TOKENS: 9,
-        },
+        **{semconv.GEN_AI_TOOL_DEFINITIONS: ADD_TOOL_DEFINITION},
+        **response("res", "tool_calls", 20, 9),
     )
     assert genai(write)[semconv.GEN_AI_INPUT_MESSAGES] == [
         user,

@@ -7,9 +7,7 @@ from collections.abc import Iterator
 import pytest
 from agents import set_trace_processors
 
-from agentlightning.tracing import ListSpanSink, shutdown_tracing
 from agentlightning_openai_agents import _instrument
-from tests.integrations.conformance import SpanCapture
 
 
 @pytest.fixture(autouse=True)
@@ -22,13 +20,3 @@ def no_default_exporter() -> Iterator[None]:
     finally:
         _instrument.uninstrument()
         set_trace_processors(before or [])
-
-
-@pytest.fixture
-def capture() -> Iterator[SpanCapture]:
-    """The process-wide tracing pipeline of one test, delivering to a list."""
-    capture = SpanCapture(ListSpanSink())
-    try:
-        yield capture
-    finally:
-        shutdown_tracing()

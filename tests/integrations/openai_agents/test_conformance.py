@@ -11,18 +11,17 @@ import asyncio
 import contextlib
 import contextvars
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from agents import Agent, Runner
 from openai import AsyncOpenAI
-from opentelemetry.trace import NoOpTracer, Span
 
 import agentlightning_openai_agents
-from agentlightning import tracing
 from agentlightning.testing import FakeOpenAI
 from agentlightning_openai_agents import LightningRunHooks, LightningTracingProcessor, _instrument
-from tests.integrations.conformance import IntegrationConformance, IntegrationHarness
+from tests.integrations.conformance import IntegrationConformance, IntegrationHarness, broken_tracer
 from tests.integrations.openai_agents.fakes import (
     QUESTIONS,
     ToolFailure,
@@ -59,13 +58,6 @@ def _blocking(call: Callable[[], None]) -> None:
         raise raised[0]
 
 
-class _BrokenTracer(NoOpTracer):
-    """A tracer whose every span start fails: the fault inside our processor that a user can never cause."""
-
-    def start_span(self, *args: Any, **kwargs: Any) -> Span:
-        raise RuntimeError("tracer broken (conformance fault injection)")
-
-
 class _AgentsHarness(IntegrationHarness):
     """What both harnesses share: instrument(), counting registered processors, breaking the tracer."""
 
@@ -82,15 +74,9 @@ class _AgentsHarness(IntegrationHarness):
         processors = _instrument.registered_processors() or []
         return sum(isinstance(processor, LightningTracingProcessor) for processor in processors)
 
-    @contextlib.contextmanager
-    def broken_hook(self) -> Iterator[None]:
+    def broken_hook(self) -> AbstractContextManager[None]:
         """Every span start inside the processor raises (it resolves the process tracer per SDK trace)."""
-        original = tracing.get_tracer
-        tracing.get_tracer = lambda name="agentlightning": _BrokenTracer()
-        try:
-            yield
-        finally:
-            tracing.get_tracer = original
+        return broken_tracer()
 
     def user_error(self, raised: BaseException) -> BaseException:
         """The SDK wraps a failing tool's exception in ``UserError``; the user's is its cause."""
