@@ -11,9 +11,9 @@ from agentlightning import semconv as sc
 from agentlightning.adapter import TraceAdapter
 from agentlightning.store import InMemoryLightningStore
 from agentlightning.types import Span
+from agentlightning_trainer.batches import collect_batch
 from agentlightning_trainer.config import LightningRLConfig, PolicySpec
 from agentlightning_trainer.inprocess import with_advantages
-from agentlightning_trainer.lightning_rl import collect_batch
 from agentlightning_trainer.torch_backend.learner import TorchLearner
 from agentlightning_trainer.torch_backend.policy import Policy
 

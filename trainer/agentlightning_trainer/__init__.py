@@ -5,8 +5,9 @@ Public names load lazily, so ``import agentlightning_trainer`` (done by core's i
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from agentlightning_trainer._lazy_exports import lazy_getattr
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -50,14 +51,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import public names on first use."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentlightning_trainer' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:

@@ -1,4 +1,8 @@
-"""Store-side plumbing shared by APO and SFT: publish resources, run a batch of rollouts, read their outcomes."""
+"""The loop pieces every trainer shares: serve the LLM proxy, publish resources, run K rollouts per task, read them.
+
+LightningRL (torch and verl backends), SFT and APO all go through these functions, so a batch is enqueued, waited
+for, cancelled on timeout and read back in one way.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from typing import Any
 
 from agentlightning.store.base import LightningStore
 from agentlightning.types import (
+    LLM,
     Resource,
     ResourcesSnapshot,
     Rollout,
@@ -22,6 +27,9 @@ from agentlightning.types import (
 )
 
 logger = logging.getLogger(__name__)
+
+LLM_RESOURCE = "llm"
+"""The resource name under which the trainers publish the policy's LLM (the agent's ``llm`` parameter)."""
 
 
 @dataclass
@@ -39,19 +47,13 @@ class RolloutOutcome:
 
 
 @dataclass
-class ServedProxy:
-    """An LLM proxy served on the caller's event loop (it shares the store object with runners and algorithm)."""
+class ServedApp:
+    """An ASGI app served by uvicorn on the caller's event loop (it shares the store object with the runners)."""
 
     app: Any
     url: str
     task: asyncio.Task[None]
     server: Any
-
-    async def flush(self) -> None:
-        """Wait until every call recorded so far is in the store."""
-        from agentlightning.proxy import flush_proxy_spans
-
-        await flush_proxy_spans(self.app)
 
     async def stop(self) -> None:
         """Stop serving (idempotent)."""
@@ -60,14 +62,47 @@ class ServedProxy:
             await self.task
 
 
-async def start_proxy(
-    store: LightningStore, upstream: str, *, request_token_ids: bool = True, upstream_api_key: str | None = None
-) -> ServedProxy:
-    """Serve the LLM proxy in front of ``upstream`` on a free loopback port."""
+@dataclass
+class ServedProxy(ServedApp):
+    """The LLM proxy served on the caller's event loop."""
+
+    async def flush(self) -> None:
+        """Wait until every call recorded so far is in the store."""
+        from agentlightning.proxy import flush_proxy_spans
+
+        await flush_proxy_spans(self.app)
+
+
+async def serve_app(app: Any, *, name: str, host: str = "127.0.0.1", url_host: str | None = None) -> ServedApp:
+    """Serve ``app`` on a free port of ``host``; its URL names ``url_host`` (default ``host``)."""
     import uvicorn
 
-    from agentlightning.proxy import create_proxy_app
     from agentlightning_trainer.policy_server import free_port
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
+    )
+    task = asyncio.create_task(server.serve(), name=name)
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError(f"{name} failed to start on {host}:{port}")
+        await asyncio.sleep(0.01)
+    return ServedApp(app, f"http://{url_host or host}:{port}", task, server)
+
+
+async def start_proxy(
+    store: LightningStore,
+    upstream: str,
+    *,
+    request_token_ids: bool = True,
+    upstream_api_key: str | None = None,
+    host: str = "127.0.0.1",
+    url_host: str | None = None,
+) -> ServedProxy:
+    """Serve the LLM proxy in front of ``upstream`` on a free port (loopback unless ``host`` says otherwise)."""
+    from agentlightning.proxy import create_proxy_app
 
     app = create_proxy_app(
         store,
@@ -76,17 +111,8 @@ async def start_proxy(
         request_logprobs=request_token_ids,
         upstream_api_key=upstream_api_key,
     )
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on")
-    )
-    task = asyncio.create_task(server.serve(), name="agl-llm-proxy")
-    while not server.started:
-        if task.done():
-            task.result()
-            raise RuntimeError(f"the LLM proxy failed to start on port {port}")
-        await asyncio.sleep(0.01)
-    return ServedProxy(app, f"http://127.0.0.1:{port}", task, server)
+    served = await serve_app(app, name="agl-llm-proxy", host=host, url_host=url_host)
+    return ServedProxy(served.app, served.url, served.task, served.server)
 
 
 async def publish_resources(
@@ -94,6 +120,29 @@ async def publish_resources(
 ) -> ResourcesSnapshot:
     """Add a snapshot holding ``base`` (e.g. the resources found at start) overridden by ``resources``."""
     return await store.add_resources({**(base or {}), **resources})
+
+
+def non_llm_resources(snapshot: ResourcesSnapshot | None) -> dict[str, Resource]:
+    """The resources of ``snapshot`` that are not LLMs (prompt templates and the like); empty for None."""
+    if snapshot is None:
+        return {}
+    return {k: v for k, v in snapshot.resources.items() if not isinstance(v, LLM)}
+
+
+def policy_llm(url: str, model: str, version: int, temperature: float, max_tokens: int) -> LLM:
+    """The ``LLM`` resource of a trained policy behind the proxy at ``url``, serving weights ``version``."""
+    return LLM(
+        base_url=url,
+        model=model,
+        proxied=True,
+        weights_version=version,
+        sampling={"temperature": temperature, "max_tokens": max_tokens},
+    )
+
+
+async def publish_llm(store: LightningStore, llm: LLM, *, name: str = LLM_RESOURCE) -> ResourcesSnapshot:
+    """Publish ``llm`` over the latest snapshot's non-LLM resources, so templates another algorithm set survive."""
+    return await publish_resources(store, {name: llm}, base=non_llm_resources(await store.get_resources()))
 
 
 async def run_batch(
@@ -132,20 +181,74 @@ async def run_batch(
     return sorted(rollouts, key=lambda r: order[r.rollout_id])
 
 
-async def read_outcomes(store: LightningStore, rollouts: Sequence[Rollout], adapter: Any) -> list[RolloutOutcome]:
-    """Final reward and the adapter's transitions (selected calls, messages) of each rollout."""
+async def run_policy_batch(
+    store: LightningStore,
+    tasks: Sequence[Any],
+    proxy: ServedProxy,
+    llm: LLM,
+    *,
+    mode: RolloutMode,
+    repeat: int,
+    group_prefix: str,
+    timeout_s: float,
+) -> list[Rollout]:
+    """Publish the policy's ``llm`` (see :func:`publish_llm`), run the batch, and flush the calls it recorded."""
+    snapshot = await publish_llm(store, llm)
+    rollouts = await run_batch(
+        store, tasks, mode=mode, resources_id=snapshot.resources_id, repeat=repeat, group_prefix=group_prefix,
+        timeout_s=timeout_s,
+    )  # fmt: skip
+    await proxy.flush()
+    return rollouts
+
+
+async def read_outcomes(
+    store: LightningStore, rollouts: Sequence[Rollout], adapter: Any | None
+) -> list[RolloutOutcome]:
+    """Final reward and the adapter's transitions of each rollout; with no adapter only the reward spans are read."""
     from agentlightning.emit import final_reward
+    from agentlightning.semconv import SPAN_REWARD
 
     outcomes: list[RolloutOutcome] = []
     for rollout in rollouts:
         if rollout.status != "succeeded":
             outcomes.append(RolloutOutcome(rollout, None))
             continue
-        spans = await store.query_spans(rollout.rollout_id, "latest")
+        name = SPAN_REWARD if adapter is None else None  # scoring needs the reward spans only
+        spans = await store.query_spans(rollout.rollout_id, "latest", name=name)
         reward = final_reward(spans)
-        transitions = adapter.adapt(rollout, spans) if reward is not None else []
+        transitions = adapter.adapt(rollout, spans) if reward is not None and adapter is not None else []
         outcomes.append(RolloutOutcome(rollout, reward, list(transitions)))
     return outcomes
+
+
+@dataclass
+class StepBatch:
+    """What one training batch yielded: transitions to train on, reward per group, failures."""
+
+    transitions: list[Transition] = field(default_factory=list[Transition])
+    rewards_by_group: dict[str, list[float]] = field(default_factory=dict[str, list[float]])
+    failed: int = 0
+    rollout_ids: list[str] = field(default_factory=list[str])
+
+
+async def collect_batch(
+    store: LightningStore, rollouts: Sequence[Rollout], adapter: Any, *, max_prompt_tokens: int | None = None
+) -> StepBatch:
+    """Transitions of the succeeded rollouts (failed, cancelled and unfinished ones are excluded) and their rewards."""
+    batch = StepBatch(rollout_ids=[r.rollout_id for r in rollouts])
+    for outcome in await read_outcomes(store, rollouts, adapter):
+        if outcome.reward is None:
+            batch.failed += 1
+            continue
+        rollout = outcome.rollout
+        batch.rewards_by_group.setdefault(rollout.group_id or rollout.rollout_id, []).append(outcome.reward)
+        batch.transitions.extend(
+            t
+            for t in outcome.transitions
+            if t.has_token_ids and (max_prompt_tokens is None or len(t.prompt_token_ids) <= max_prompt_tokens)
+        )
+    return batch
 
 
 def mean_reward(outcomes: Sequence[RolloutOutcome]) -> float:

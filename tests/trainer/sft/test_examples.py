@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from agentlightning.types import Rollout, Transition
-from agentlightning_trainer.apo.batches import RolloutOutcome
+from agentlightning_trainer.batches import RolloutOutcome
 from agentlightning_trainer.config import PolicySpec
 from agentlightning_trainer.sft import SFTConfig, build_examples, fine_tune, select_best
 from agentlightning_trainer.torch_backend.learner import TorchLearner

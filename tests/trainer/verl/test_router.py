@@ -10,11 +10,10 @@ import httpx
 import pytest
 
 from agentlightning.adapter import TraceAdapter
-from agentlightning.proxy import create_proxy_app, flush_proxy_spans
 from agentlightning.semconv import HEADER_POLICY_VERSION
 from agentlightning.store.memory import InMemoryLightningStore
 from agentlightning.testing import FakeOpenAI, FakeOpenAIServer
-from agentlightning_trainer.verl.algorithm import _serve, _stop
+from agentlightning_trainer.batches import serve_app, start_proxy
 from agentlightning_trainer.verl.router import ReplicaRouter, create_router_app
 
 SERVED = "/models/Qwen2.5-0.5B-Instruct"
@@ -34,21 +33,20 @@ async def test_calls_reach_the_replicas_through_the_proxy_with_token_ids(replica
     store = InMemoryLightningStore()
     router = ReplicaRouter([r.url.removeprefix("http://") for r in replicas], served_model=SERVED)
     router.policy_version = 7
-    router_url, router_task, router_server = await _serve(create_router_app(router), "127.0.0.1", "router")
-    proxy_app = create_proxy_app(store, router_url)
-    proxy_url, proxy_task, proxy_server = await _serve(proxy_app, "127.0.0.1", "proxy")
+    served_router = await serve_app(create_router_app(router), name="router")
+    proxy = await start_proxy(store, served_router.url)
     try:
         await store.enqueue_rollout({"task": "t"}, group_id="task-1")
         claimed = await store.claim_rollout("worker")
         assert claimed is not None
         rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
-        async with httpx.AsyncClient(base_url=f"{proxy_url}/rollout/{rollout_id}/attempt/{attempt_id}/v1") as client:
+        async with httpx.AsyncClient(base_url=f"{proxy.url}/rollout/{rollout_id}/attempt/{attempt_id}/v1") as client:
             answers = await asyncio.gather(*(client.post("/chat/completions", json=_chat(f"q{i}")) for i in range(4)))
         for answer in answers:
             assert answer.status_code == 200, answer.text
             assert answer.headers[HEADER_POLICY_VERSION] == "7"
             assert "prompt_token_ids" not in answer.json()  # the proxy strips what the agent did not ask for
-        await flush_proxy_spans(proxy_app)
+        await proxy.flush()
         # both replicas served (least in flight), each saw the served model name and the proxy's token-id request
         bodies = [body for replica in replicas for body in replica.fake.requests]
         assert all(len(replica.fake.requests) == 2 for replica in replicas)
@@ -61,8 +59,8 @@ async def test_calls_reach_the_replicas_through_the_proxy_with_token_ids(replica
         assert all(row.has_token_ids and row.policy_version == 7 for row in rows)
         assert all(row.response_logprobs is not None for row in rows)
     finally:
-        await _stop(proxy_task, proxy_server)
-        await _stop(router_task, router_server)
+        await proxy.stop()
+        await served_router.stop()
 
 
 async def test_the_served_name_comes_from_the_replica(replicas: list[FakeOpenAIServer]) -> None:
@@ -76,15 +74,15 @@ async def test_the_served_name_comes_from_the_replica(replicas: list[FakeOpenAIS
 
 async def test_a_dead_replica_is_a_502_that_names_it() -> None:
     router = ReplicaRouter(["127.0.0.1:9"], served_model=SERVED)
-    url, task, server = await _serve(create_router_app(router), "127.0.0.1", "router")
+    served = await serve_app(create_router_app(router), name="router")
     try:
         async with httpx.AsyncClient() as client:
-            answer = await client.post(f"{url}/v1/chat/completions", json=_chat("hi"))
+            answer = await client.post(f"{served.url}/v1/chat/completions", json=_chat("hi"))
         assert answer.status_code == 502
         assert "127.0.0.1:9" in answer.json()["error"]["message"]
         assert router.in_flight == [0]
     finally:
-        await _stop(task, server)
+        await served.stop()
 
 
 def test_router_needs_a_replica_and_rewrites_only_json_models() -> None:

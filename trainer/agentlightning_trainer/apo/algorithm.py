@@ -27,15 +27,6 @@ from rich.table import Table
 from agentlightning.algorithm import Algorithm
 from agentlightning.store.base import LightningStore
 from agentlightning.types import PromptTemplate, Resource
-from agentlightning_trainer.apo.batches import (
-    RolloutOutcome,
-    ServedProxy,
-    mean_reward,
-    publish_resources,
-    read_outcomes,
-    run_batch,
-    start_proxy,
-)
 from agentlightning_trainer.apo.config import APOConfig
 from agentlightning_trainer.apo.optimizer import (
     CandidateRejected,
@@ -45,6 +36,15 @@ from agentlightning_trainer.apo.optimizer import (
     edit_request,
     load_optimizer_prompt,
     validate_candidate,
+)
+from agentlightning_trainer.batches import (
+    RolloutOutcome,
+    ServedProxy,
+    mean_reward,
+    publish_resources,
+    read_outcomes,
+    run_batch,
+    start_proxy,
 )
 from agentlightning_trainer.inprocess import pick_tasks
 
@@ -307,7 +307,9 @@ class APO(Algorithm):
         )  # fmt: skip
         if proxy is not None:
             await proxy.flush()
-        adapter = TraceAdapter(agents=self.config.agents, credit="identical", include_messages=mode == "train")
+        if mode == "val":  # scoring needs the rewards only
+            return await read_outcomes(store, rollouts, None)
+        adapter = TraceAdapter(agents=self.config.agents, credit="identical", include_messages=True)
         return await read_outcomes(store, rollouts, adapter)
 
     # --- bookkeeping -------------------------------------------------------------------------------------------

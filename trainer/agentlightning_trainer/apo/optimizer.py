@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning.types import PromptTemplate
-from agentlightning_trainer.apo.batches import RolloutOutcome
+from agentlightning_trainer.batches import RolloutOutcome
 
 _PROMPT_TAG = re.compile(r"<prompt>(.*?)(?:</prompt>|\Z)", re.DOTALL)
 _DUMMY = "x"

@@ -6,13 +6,13 @@ messages) → keep the best rollouts per task → examples (the engine's token i
 → negative log-likelihood with the torch learner's AdamW → publish new weights (version bump) to the policy server.
 Validation runs greedily on the held-out tasks. Resources other than the LLM found in the store's latest snapshot
 (e.g. prompt templates an APO run published) are carried into every snapshot, so "prompt then weights" works.
+The loop pieces (proxy, publishing, batches, outcomes) are :mod:`agentlightning_trainer.batches`, as in LightningRL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,21 +21,19 @@ from typing import Any
 
 from rich.console import Console
 
-from agentlightning.algorithm import Algorithm
 from agentlightning.store.base import LightningStore
-from agentlightning.types import LLM, Resource, Rollout
-from agentlightning_trainer.apo.batches import (
+from agentlightning.types import Rollout
+from agentlightning_trainer.batches import (
     ServedProxy,
     mean_reward,
-    publish_resources,
+    policy_llm,
     read_outcomes,
-    run_batch,
+    run_policy_batch,
     start_proxy,
 )
 from agentlightning_trainer.config import LightningRLConfig
 from agentlightning_trainer.inprocess import pick_tasks
-from agentlightning_trainer.lightning_rl import LLM_RESOURCE
-from agentlightning_trainer.policy_server import PolicyServerProcess
+from agentlightning_trainer.served_policy import ServedPolicyAlgorithm
 from agentlightning_trainer.sft.config import SFTConfig
 from agentlightning_trainer.sft.examples import Example, build_examples, fine_tune, select_best
 from agentlightning_trainer.torch_backend.learner import TorchLearner
@@ -58,7 +56,7 @@ class RoundMetrics:
     val_reward: float | None = None
 
 
-class SFT(Algorithm):
+class SFT(ServedPolicyAlgorithm):
     """Fine-tunes a torch policy on the best rollouts per task, through the same store, proxy and policy server.
 
     After :meth:`run`: :attr:`history` (per-round metrics), :attr:`val_history` ((round, greedy reward) pairs,
@@ -81,14 +79,10 @@ class SFT(Algorithm):
         from agentlightning.adapter import TraceAdapter  # a bad agent pattern fails here
 
         self.adapter = TraceAdapter(agents=self.config.agents, credit="identical", include_messages=True)
-        self.run_dir = run_dir
-        self.show_progress = show_progress
-        self.console = console or Console(stderr=True)
-        self.n_server_threads = n_server_threads
+        super().__init__(
+            run_dir=run_dir, show_progress=show_progress, console=console, n_server_threads=n_server_threads
+        )
         self.history: list[RoundMetrics] = []
-        self.val_history: list[tuple[int, float]] = []
-        self.policy: Policy | None = None
-        self.version = 0
 
     async def run(
         self,
@@ -100,27 +94,17 @@ class SFT(Algorithm):
         if not train_tasks:
             raise ValueError("SFT needs training tasks: trainer.fit(agent, train_tasks, val_tasks)")
         cfg = self.config
-        run_dir = self.run_dir or Path(tempfile.mkdtemp(prefix="sft-"))
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = self._prepare_run_dir("sft-")
         policy = self.policy = Policy.build(cfg.policy, seed=cfg.seed)
         learner = TorchLearner(policy, cfg.learner_config())
         rng = random.Random(cfg.seed)
-        latest = await store.get_resources()
-        carried: dict[str, Resource] = (
-            {k: v for k, v in latest.resources.items() if not isinstance(v, LLM)} if latest is not None else {}
-        )
-        weights = run_dir / "weights.pt"
-        learner.save_weights(weights)
-        server = PolicyServerProcess(
-            cfg.policy, weights, version=self.version, seed=cfg.seed, threads=self.n_server_threads,
-            log_file=run_dir / "policy_server.log",
-        )  # fmt: skip
-        await asyncio.to_thread(server.start)
+        weights, server = await self._publish_initial_weights(learner, run_dir, seed=cfg.seed)
+        assert server is not None  # serve=True
         proxy: ServedProxy | None = None
         try:
             proxy = await start_proxy(store, server.base_url)
             if val_tasks:
-                before = await self._validate(store, val_tasks, proxy, carried)
+                before = await self._validate(store, val_tasks, proxy)
                 self.val_history.append((0, before))
                 self._say(f"SFT: greedy validation reward before fine-tuning {before:.3f}")
             started = time.perf_counter()
@@ -128,7 +112,7 @@ class SFT(Algorithm):
             for round_index in range(1, cfg.rounds + 1):
                 n_tasks = cfg.tasks_per_round or len(train_tasks)
                 chosen = pick_tasks(rng, train_tasks, n_tasks)
-                rollouts = await self._rollouts(store, chosen, proxy, carried, cfg.temperature, round_index)
+                rollouts = await self._rollouts(store, chosen, proxy, cfg.temperature, round_index)
                 outcomes = await read_outcomes(store, rollouts, self.adapter)
                 selected = select_best(outcomes, cfg)
                 examples = build_examples(selected, policy, cfg)
@@ -145,16 +129,14 @@ class SFT(Algorithm):
                 )
                 if kept:
                     record.stats = await asyncio.to_thread(fine_tune, learner, kept, cfg)
-                    self.version += 1
-                    await asyncio.to_thread(learner.save_weights, weights)
-                    await server.publish(weights, self.version)
+                    await self._publish_weights(learner, weights, server)
                     record.policy_version = self.version
                 else:
                     self._say(
                         f"SFT round {round_index}: no rollout reached min_reward {cfg.min_reward}; nothing to imitate"
                     )
                 if val_tasks and (round_index % cfg.val_every == 0 or round_index == cfg.rounds):
-                    record.val_reward = await self._validate(store, val_tasks, proxy, carried)
+                    record.val_reward = await self._validate(store, val_tasks, proxy)
                     self.val_history.append((round_index, record.val_reward))
                 record.wall_s = time.perf_counter() - started
                 self.history.append(record)
@@ -180,34 +162,21 @@ class SFT(Algorithm):
         return learner.save_checkpoint(directory, 0, extra)
 
     async def _rollouts(
-        self, store: LightningStore, tasks: Sequence[Any], proxy: ServedProxy, carried: dict[str, Resource],
-        temperature: float, round_index: int,
-    ) -> list[Rollout]:  # fmt: skip
+        self, store: LightningStore, tasks: Sequence[Any], proxy: ServedProxy, temperature: float, round_index: int
+    ) -> list[Rollout]:
         """One batch with the current weights: K samples per task when training, one greedy sample when validating."""
         cfg = self.config
-        llm = LLM(
-            base_url=proxy.url,
-            model=cfg.policy.model_name,
-            proxied=True,
-            weights_version=self.version,
-            sampling={"temperature": temperature, "max_tokens": cfg.max_response_tokens},
-        )
-        snapshot = await publish_resources(store, {LLM_RESOURCE: llm}, base=carried)
+        llm = policy_llm(proxy.url, cfg.policy.model_name, self.version, temperature, cfg.max_response_tokens)
         mode = "train" if temperature > 0 else "val"
-        rollouts = await run_batch(
-            store, tasks, mode=mode, resources_id=snapshot.resources_id,
-            repeat=cfg.samples_per_task if mode == "train" else 1, group_prefix=f"sft-r{round_index}-{mode}",
-            timeout_s=cfg.rollout_timeout_s,
+        return await run_policy_batch(
+            store, tasks, proxy, llm, mode=mode, repeat=cfg.samples_per_task if mode == "train" else 1,
+            group_prefix=f"sft-r{round_index}-{mode}", timeout_s=cfg.rollout_timeout_s,
         )  # fmt: skip
-        await proxy.flush()
-        return rollouts
 
-    async def _validate(
-        self, store: LightningStore, tasks: Sequence[Any], proxy: ServedProxy, carried: dict[str, Resource]
-    ) -> float:
+    async def _validate(self, store: LightningStore, tasks: Sequence[Any], proxy: ServedProxy) -> float:
         """Mean final reward of one greedy rollout per validation task; failures count as 0."""
-        rollouts = await self._rollouts(store, tasks, proxy, carried, 0.0, len(self.history))
-        return mean_reward(await read_outcomes(store, rollouts, self.adapter))
+        rollouts = await self._rollouts(store, tasks, proxy, 0.0, len(self.history))
+        return mean_reward(await read_outcomes(store, rollouts, None))
 
     def _say(self, message: str) -> None:
         if self.show_progress:

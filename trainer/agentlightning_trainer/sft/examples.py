@@ -10,7 +10,7 @@ from typing import Any, Literal
 import torch
 
 from agentlightning.types import Transition
-from agentlightning_trainer.apo.batches import RolloutOutcome
+from agentlightning_trainer.batches import RolloutOutcome
 from agentlightning_trainer.sft.config import SFTConfig
 from agentlightning_trainer.torch_backend.learner import TorchLearner
 from agentlightning_trainer.torch_backend.policy import Policy

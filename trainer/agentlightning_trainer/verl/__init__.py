@@ -6,8 +6,9 @@ transformers 5.9.0; see docs/verl.md). Public names load lazily so that importin
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from agentlightning_trainer._lazy_exports import lazy_getattr
 
 _EXPORTS: dict[str, str] = {
     "VerlLightningRL": "agentlightning_trainer.verl.algorithm",
@@ -36,14 +37,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import public names on first use."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentlightning_trainer.verl' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:

@@ -9,17 +9,17 @@ actor update → new weights pushed into the replicas → policy version bumped 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import time
+import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentlightning.store.base import LightningStore
+from agentlightning.types import Transition
+from agentlightning_trainer.batches import ServedApp, ServedProxy, serve_app, start_proxy
 from agentlightning_trainer.config import LightningRLConfig
 from agentlightning_trainer.inprocess import with_advantages
-from agentlightning_trainer.lightning_rl import LightningRL, collect_batch
-from agentlightning_trainer.metrics import MetricsLogger, StepMetrics, group_summary
+from agentlightning_trainer.lightning_rl import LightningRL
 from agentlightning_trainer.verl.settings import VerlSettings, check_verl_config
 
 if TYPE_CHECKING:
@@ -56,23 +56,6 @@ class VerlLightningRL(LightningRL):
         await run_verl(self, store, train_tasks, val_tasks, self.verl_settings, record_checksums=self.checksums)
 
 
-async def _serve(app: Any, host: str, name: str) -> tuple[str, asyncio.Task[None], Any]:
-    """Serve an ASGI app on this event loop on a free port; returns its base URL."""
-    import uvicorn
-
-    from agentlightning_trainer.policy_server import free_port
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
-    task = asyncio.create_task(server.serve(), name=name)
-    while not server.started:
-        if task.done():
-            task.result()
-            raise RuntimeError(f"{name} failed to start on {host}:{port}")
-        await asyncio.sleep(0.01)
-    return f"http://{_reachable_host(host)}:{port}", task, server
-
-
 def _reachable_host(host: str) -> str:
     """The address others use for a server bound to ``host``: this node's IP when bound to every interface."""
     if host not in ("0.0.0.0", "::"):
@@ -85,12 +68,6 @@ def _reachable_host(host: str) -> str:
         import socket
 
         return socket.gethostbyname(socket.gethostname())
-
-
-async def _stop(task: asyncio.Task[None], server: Any) -> None:
-    server.should_exit = True
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 async def _checksum(engine: VerlEngine) -> float:
@@ -116,10 +93,6 @@ async def run_verl(
     When ``record_checksums`` is a list, the actor's parameter checksum is appended before the first step and after
     every update (the smoke test's proof that weights changed); it costs one pass over the parameters each time.
     """
-    import random
-
-    from agentlightning.proxy import create_proxy_app, flush_proxy_spans
-    from agentlightning_trainer.inprocess import pick_tasks
     from agentlightning_trainer.verl.engine import VerlEngine
     from agentlightning_trainer.verl.router import ReplicaRouter, create_router_app
 
@@ -134,72 +107,31 @@ async def run_verl(
     await asyncio.to_thread(engine.start)
     router = ReplicaRouter(engine.addresses, served_model=engine.served_model)
     router.policy_version = algorithm.version
-    await router.discover_served_model()
-    router_url, router_task, router_server = await _serve(create_router_app(router), "127.0.0.1", "agl-vllm-router")
-    proxy_app = create_proxy_app(store, router_url)
-    proxy_url, proxy_task, proxy_server = await _serve(proxy_app, settings.proxy_host, "agl-llm-proxy")
-    algorithm.console.print(f"verl: {len(router.bases)} vLLM replica(s) {router.bases} behind the proxy {proxy_url}")
-    if record_checksums is not None:
-        record_checksums.append(await _checksum(engine))
-    rng = random.Random(cfg.seed)
-    ema = 0.0
-    metrics = MetricsLogger(
-        cfg.steps, log_dir=cfg.log_dir, show_progress=algorithm.show_progress, console=algorithm.console
-    )
+
+    async def update(transitions: list[Transition]) -> dict[str, float]:
+        version = algorithm.version + 1
+        extra = await asyncio.to_thread(engine.train_step, with_advantages(transitions, cfg), version)
+        algorithm.version = router.policy_version = version
+        if record_checksums is not None:
+            record_checksums.append(await _checksum(engine))
+        return extra
+
+    served_router: ServedApp | None = None
+    proxy: ServedProxy | None = None
     try:
-        with metrics:
-            if val_tasks:
-                before = await algorithm._validate(store, val_tasks, proxy_url, proxy_app)
-                algorithm.val_history.append((0, before))
-                metrics.log_validation(0, before)
-            for step in range(1, cfg.steps + 1):
-                t0 = time.perf_counter()
-                chosen = pick_tasks(rng, train_tasks, cfg.tasks_per_step)
-                rollouts = await algorithm._run_rollouts(store, chosen, "train", proxy_url, cfg.temperature, step)
-                await flush_proxy_spans(proxy_app)
-                batch = await collect_batch(store, rollouts, algorithm.adapter, max_prompt_tokens=cfg.max_prompt_tokens)
-                rollout_s = time.perf_counter() - t0
-                reward_mean, all_same = group_summary(batch.rewards_by_group)
-                ema = reward_mean if step == 1 else cfg.ema_decay * ema + (1 - cfg.ema_decay) * reward_mean
-                t1 = time.perf_counter()
-                extra: dict[str, float] = {}
-                lag = 0.0
-                skipped = not batch.transitions
-                if skipped:
-                    metrics.warn(f"step {step}: skipped, {await algorithm._diagnose(store, batch)}")
-                else:
-                    version = algorithm.version
-                    lag = sum(version - (t.policy_version or 0) for t in batch.transitions) / len(batch.transitions)
-                    rows = with_advantages(batch.transitions, cfg)
-                    extra = await asyncio.to_thread(engine.train_step, rows, version + 1)
-                    algorithm.version = router.policy_version = version + 1
-                    if record_checksums is not None:
-                        record_checksums.append(await _checksum(engine))
-                record = StepMetrics(
-                    step=step,
-                    reward_mean=reward_mean,
-                    reward_ema=ema,
-                    all_same_frac=all_same,
-                    transitions=len(batch.transitions),
-                    rollouts=len(rollouts),
-                    failed_rollouts=batch.failed,
-                    policy_version=algorithm.version,
-                    policy_lag=lag,
-                    rollout_s=rollout_s,
-                    update_s=time.perf_counter() - t1,
-                    skipped=skipped,
-                    extra=extra,
-                )
-                algorithm.history.append(record)
-                metrics.log(record)
-                stop = cfg.stop_at_reward is not None and ema >= cfg.stop_at_reward
-                if val_tasks and (step % cfg.val_every == 0 or step == cfg.steps or stop):
-                    val = await algorithm._validate(store, val_tasks, proxy_url, proxy_app)
-                    algorithm.val_history.append((step, val))
-                    metrics.log_validation(step, val)
-                if stop:
-                    break
+        await router.discover_served_model()
+        served_router = await serve_app(create_router_app(router), name="agl-vllm-router")
+        proxy = await start_proxy(
+            store, served_router.url, host=settings.proxy_host, url_host=_reachable_host(settings.proxy_host)
+        )
+        replicas = f"{len(router.bases)} vLLM replica(s) {router.bases}"
+        algorithm.console.print(f"verl: {replicas} behind the proxy {proxy.url}")
+        if record_checksums is not None:
+            record_checksums.append(await _checksum(engine))
+        await algorithm._train_steps(store, train_tasks, val_tasks, proxy, update, rng=random.Random(cfg.seed))
     finally:
-        await _stop(proxy_task, proxy_server)
-        await _stop(router_task, router_server)
+        if proxy is not None:
+            await proxy.stop()
+        if served_router is not None:
+            await served_router.stop()
         await asyncio.to_thread(engine.stop)

@@ -1,0 +1,62 @@
+"""The base of the algorithms that train a torch policy served by a policy server behind the LLM proxy.
+
+LightningRL and SFT share it: where the run's files go, the progress console, the policy server started on the
+learner's weights, and what is filled in after a run (``policy``, ``version``, ``val_history``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+
+from agentlightning.algorithm import Algorithm
+from agentlightning_trainer.policy_server import PolicyServerProcess
+from agentlightning_trainer.torch_backend.learner import TorchLearner
+from agentlightning_trainer.torch_backend.policy import Policy
+
+
+class ServedPolicyAlgorithm(Algorithm):
+    """An algorithm whose policy is trained here and served to the agents by a policy server process."""
+
+    def __init__(
+        self, *, run_dir: Path | None, show_progress: bool, console: Console | None, n_server_threads: int
+    ) -> None:
+        """``run_dir`` holds the published weights and the server's log (a temporary directory when None)."""
+        self.run_dir = run_dir
+        self.show_progress = show_progress
+        self.console = console or Console(stderr=True)
+        self.n_server_threads = n_server_threads
+        self.val_history: list[tuple[int, float]] = []
+        self.policy: Policy | None = None
+        self.version = 0
+
+    def _prepare_run_dir(self, prefix: str) -> Path:
+        """The run directory, created (a fresh temporary one when ``run_dir`` is None)."""
+        run_dir = self.run_dir or Path(tempfile.mkdtemp(prefix=prefix))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return run_dir
+
+    async def _publish_initial_weights(
+        self, learner: TorchLearner, run_dir: Path, *, seed: int, serve: bool = True
+    ) -> tuple[Path, PolicyServerProcess | None]:
+        """Write the learner's weights to ``run_dir/weights.pt`` and, with ``serve``, start a policy server on them."""
+        weights = run_dir / "weights.pt"
+        learner.save_weights(weights)
+        if not serve:
+            return weights, None
+        server = PolicyServerProcess(
+            learner.policy.spec, weights, version=self.version, seed=seed, threads=self.n_server_threads,
+            log_file=run_dir / "policy_server.log",
+        )  # fmt: skip
+        await asyncio.to_thread(server.start)
+        return weights, server
+
+    async def _publish_weights(self, learner: TorchLearner, weights: Path, server: PolicyServerProcess | None) -> None:
+        """Bump the policy version, write the learner's weights, and hot-load them into ``server``."""
+        self.version += 1
+        await asyncio.to_thread(learner.save_weights, weights)
+        if server is not None:
+            await server.publish(weights, self.version)
