@@ -68,31 +68,48 @@ def crew_agent(task: dict[str, Any], llm: LLM) -> float:
     return 1.0 if team == task["team"] else 0.0
 
 
+# The parts of CrewAI's prompts a sequential crew of text-model agents sends (its translation file has many more).
+_CREWAI_SLICES: Final = (
+    "role_playing", "tools", "no_tools", "task", "task_no_tools", "task_with_context", "expected_output", "format",
+    "final_answer_format", "format_without_tools", "observation",
+)  # fmt: skip
+
+
+def _crewai_prompt_pieces() -> list[str]:
+    """The fixed text of CrewAI's prompts (its English translation file), split at the template's placeholders."""
+    import importlib.resources
+    import json
+
+    slices = json.loads(importlib.resources.files("crewai").joinpath("translations/en.json").read_text())["slices"]
+    pieces: list[str] = []
+    for name in _CREWAI_SLICES:
+        text = slices.get(name, "")
+        for line in str(text).split("\n"):
+            pieces += [p for p in re.split(r"\{[a-z_]+\}", line) if len(p.strip()) > 3]
+    return pieces
+
+
 def vocabulary() -> tuple[str, ...]:
-    """Whole-word tokens for the tiny GPT: the words of CrewAI's prompts, the crew's texts and the tickets."""
-    crewai_prompts = (
-        "You are Your personal goal is You ONLY have access to the following tools and should NEVER make up "
-        "tools that are not listed here Tool Name Arguments Description IMPORTANT Use format in your response "
-        "Thought you always think about what to do Action the action take only one name of just exactly as it "
-        "written Input input simple JSON object enclosed in curly braces using wrap keys values Observation "
-        "result Once all necessary information gathered return I now know final answer Final Answer original "
-        "question Current Task This expected criteria for MUST actual complete content not summary context "
-        "working with Begin VERY important use available give best depends on Provide properties title type "
-        "additionalProperties false required"
-    )
-    texts = [crewai_prompts, TeamDirectoryTool().description, TeamDirectoryTool().name, *TEAMS, *TEAMS.values()]
-    texts += [
-        "Plan how the desk answers a ticket A calm dispatcher Route each ticket to the right team Knows every "
-        "team Check the routing Hard to please planner specialist critic plan verdict"
-    ]
-    texts += [request for request, _ in TICKETS]
-    words: dict[str, None] = dict.fromkeys(TEAMS)
-    for text in texts:
+    """Tokens for the tiny GPT: CrewAI's fixed prompt lines whole (as a BPE merges frequent strings), then words."""
+    tool = TeamDirectoryTool()
+    crew_texts = [
+        "You are planner specialist critic . Your personal goal is : Plan how the desk answers a ticket A calm "
+        "dispatcher Route each ticket to the right team Knows every Check the routing Hard to please a plan "
+        "one team a verdict of Current Task This is the expected criteria for your final answer Tool Name "
+        "Arguments Description properties title type object additionalProperties false required Schema",
+        tool.name, tool.description, tool._run(), *TEAMS, *TEAMS.values(),
+    ]  # fmt: skip
+    crew_texts += [request for request, _ in TICKETS]
+    tokens: dict[str, None] = dict.fromkeys(TEAMS)
+    for piece in _crewai_prompt_pieces():
+        tokens.setdefault(piece)
+    # Words only from the crew's own texts: every extra token is one more wrong reply a random policy can sample.
+    for text in crew_texts:
         for word in re.findall(r"[A-Za-z_]+", text):
             if len(word) > 1:
-                words.setdefault(" " + word)
-                words.setdefault(word)
-    return tuple(words)
+                tokens.setdefault(" " + word)
+                tokens.setdefault(word)
+    return tuple(tokens)
 
 
 def cpu_config(steps: int, seed: int, run_dir: Path | None = None) -> Any:
@@ -113,13 +130,19 @@ def cpu_config(steps: int, seed: int, run_dir: Path | None = None) -> Any:
         max_response_tokens=4,  # the planner's and critic's replies are context too: keep them short
         val_every=5,
         checkpoint_dir=None if run_dir is None else run_dir / "checkpoints",
+        log_dir=None if run_dir is None else run_dir / "tensorboard",
     )
 
 
 def train_cpu(
-    steps: int = 60, seed: int = 0, runners: int = 32, run_dir: Path | None = None, console: Console | None = None
+    steps: int = 60,
+    seed: int = 0,
+    runners: int = 32,
+    run_dir: Path | None = None,
+    console: Console | None = None,
+    store: str = ":memory:",
 ) -> Any:
-    """Train the tiny GPT's specialist on the tickets; returns the LightningRL algorithm."""
+    """Train the tiny GPT's specialist on the tickets (``store``: a SQLite path keeps spans); returns LightningRL."""
     import torch
 
     from agentlightning_trainer import LightningRL
@@ -129,7 +152,7 @@ def train_cpu(
     run_dir = run_dir or Path("runs") / time.strftime("crew-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     algorithm = LightningRL(cpu_config(steps, seed, run_dir), run_dir=run_dir, console=console)
-    Trainer(algorithm, store=":memory:", n_runners=runners, console=console).fit(crew_agent, tasks(), tasks())
+    Trainer(algorithm, store=store, n_runners=runners, console=console).fit(crew_agent, tasks(), tasks())
     return algorithm
 
 

@@ -170,7 +170,8 @@ async def dev_async(n_tasks: int = 2, console: Console | None = None) -> tuple[l
     console = console or Console()
     agentlightning_openai_agents.instrument()
     store = InMemoryLightningStore()
-    tasks = corpus.questions(WORLD)[:: max(1, len(corpus.questions(WORLD)) // n_tasks)][:n_tasks]
+    every = corpus.questions(WORLD)
+    tasks = every[:: max(1, len(every) // n_tasks)][:n_tasks]  # spread over the templates: 2- and 3-hop chains
     with FakeOpenAI(reply=fake_reply).serve() as upstream:
         async with proxy_on_loop(store, upstream.base_url) as (proxy_url, proxy_app):
             await store.add_resources({"llm": LLM(base_url=proxy_url, model="fake", proxied=True)})
