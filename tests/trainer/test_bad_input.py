@@ -14,7 +14,7 @@ from agentlightning.types import Transition
 from agentlightning_trainer import tool_choice
 from agentlightning_trainer.config import LightningRLConfig, PolicySpec
 from agentlightning_trainer.inprocess import train_in_process
-from agentlightning_trainer.torch_backend.learner import TorchLearner
+from agentlightning_trainer.torch_backend.learner import TorchLearner, load_initial_weights
 from agentlightning_trainer.torch_backend.policy import Policy
 
 
@@ -28,6 +28,7 @@ from agentlightning_trainer.torch_backend.policy import Policy
         ({"loss_aggregation": "sum"}, "token-mean"),
         ({"max_prompt_tokens": 250, "max_response_tokens": 16}, "max_seq_len"),
         ({"agents": []}, "train nothing"),
+        ({"init_weights": "/nonexistent/weights.pt"}, "does not exist"),
     ],
 )
 def test_config_errors_are_clear(fields: dict[str, Any], message: str) -> None:
@@ -99,3 +100,33 @@ def test_checkpoint_resume_is_exact(tool_spec: PolicySpec, tmp_path: Path) -> No
     for a, b in zip(straight.module.state_dict().values(), resumed.module.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     assert (tmp_path / "ckpt" / "latest").read_text() == "step-000004.pt"
+
+
+def test_init_weights_load_from_a_state_dict_or_a_checkpoint(tool_spec: PolicySpec, tmp_path: Path) -> None:
+    trained = Policy.build(tool_spec, seed=1)
+    learner = TorchLearner(trained, LightningRLConfig(policy=tool_spec))
+    learner.save_weights(tmp_path / "weights.pt")
+    checkpoint = learner.save_checkpoint(tmp_path / "ckpt", 3)
+    for source in (tmp_path / "weights.pt", checkpoint, tmp_path / "ckpt"):
+        fresh = Policy.build(tool_spec, seed=2)
+        load_initial_weights(fresh, source)
+        for a, b in zip(trained.module.state_dict().values(), fresh.module.state_dict().values(), strict=True):
+            assert torch.equal(a, b)
+    other = Policy.build(PolicySpec(words=tool_spec.words, d_model=32))
+    with pytest.raises(ValueError, match="give the PolicySpec the weights were trained with"):
+        load_initial_weights(other, tmp_path / "weights.pt")
+    with pytest.raises(ValueError, match="without a checkpoint"):
+        load_initial_weights(other, tmp_path)
+
+
+def test_train_in_process_starts_from_init_weights(tool_spec: PolicySpec, tmp_path: Path) -> None:
+    start = Policy.build(tool_spec, seed=7)
+    TorchLearner(start, LightningRLConfig(policy=tool_spec)).save_weights(tmp_path / "start.pt")
+    config = LightningRLConfig(policy=tool_spec, steps=1, tasks_per_step=2, samples_per_task=2, lr=1e-9)
+    from_init = train_in_process(
+        config.model_copy(update={"init_weights": tmp_path / "start.pt"}), tool_choice.tasks(), None,
+        messages=tool_choice.messages, score=tool_choice.score,
+    ).policy  # fmt: skip
+    # lr 1e-9: the weights stay (to float precision) where they started, which is the file, not seed 0's init
+    first = next(iter(from_init.module.state_dict().values()))
+    assert torch.allclose(first, next(iter(start.module.state_dict().values())), atol=1e-6)

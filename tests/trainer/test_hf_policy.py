@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,9 @@ def test_missing_transformers_error_says_what_to_install(monkeypatch: pytest.Mon
         Policy.build(PolicySpec(kind="hf", hf_model="some/model"))
 
 
-def test_hf_policy_samples_and_scores_consistently(tmp_path: Path) -> None:
+@pytest.fixture
+def hf_spec(tmp_path: Path) -> PolicySpec:
+    """A one-layer GPT-2 with a word-level tokenizer and a chat template, saved where ``Policy.build`` loads it."""
     transformers = pytest.importorskip("transformers")
     tokenizers = pytest.importorskip("tokenizers")
     words = ["<pad>", "<eos>", "<unk>", "user:", "assistant:", "pick", "a", "tool", "search", "calculator"]
@@ -40,8 +43,11 @@ def test_hf_policy_samples_and_scores_consistently(tmp_path: Path) -> None:
     transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
 
-    spec = PolicySpec(kind="hf", hf_model=str(tmp_path), model_name="tiny-hf")
-    policy = Policy.build(spec)
+    return PolicySpec(kind="hf", hf_model=str(tmp_path), model_name="tiny-hf")
+
+
+def test_hf_policy_samples_and_scores_consistently(hf_spec: PolicySpec) -> None:
+    policy = Policy.build(hf_spec)
     prompts = [policy.tokenizer.encode_chat([{"role": "user", "content": "pick a tool"}])] * 4
     gens = policy.generate(prompts, temperatures=[1.0] * 4, max_new_tokens=[4] * 4)
     responses = [g.token_ids for g in gens]
@@ -49,4 +55,22 @@ def test_hf_policy_samples_and_scores_consistently(tmp_path: Path) -> None:
     for i, g in enumerate(gens):
         assert torch.allclose(logprobs[i, : len(g.logprobs)], torch.tensor(g.logprobs), atol=1e-4)
     assert mask.sum() == sum(len(r) for r in responses)
-    assert LightningRLConfig(policy=spec).policy.kind == "hf"
+    assert LightningRLConfig(policy=hf_spec).policy.kind == "hf"
+
+
+def test_sft_examples_from_chat_messages_with_an_hf_tokenizer(hf_spec: PolicySpec) -> None:
+    from agentlightning.types import Rollout, Transition
+    from agentlightning_trainer.batches import RolloutOutcome
+    from agentlightning_trainer.sft import SFTConfig, build_examples
+
+    policy = Policy.build(hf_spec)
+    assert policy.tokenizer.encode("pick a tool") == [5, 6, 7]
+    prompt = [{"role": "user", "content": "pick a tool"}]
+    rollout = Rollout(rollout_id="ro-1", input={}, group_id="g", status="succeeded", enqueue_time=time.time_ns())
+    call = Transition(
+        rollout_id="ro-1", attempt_id="at-1", group_id="g", turn_index=0, span_id="0" * 16, reward=1.0,
+        prompt_messages=prompt, response_messages=[{"role": "assistant", "content": "calculator"}],
+    )  # fmt: skip
+    examples = build_examples([RolloutOutcome(rollout, 1.0, [call])], policy, SFTConfig(policy=hf_spec))
+    assert [(e.source, e.response_ids) for e in examples] == [("chat", [9, policy.tokenizer.eos_id])]
+    assert examples[0].prompt_ids == policy.tokenizer.encode_chat(prompt)

@@ -72,6 +72,11 @@ class LightningRLConfig(BaseModel):
     checkpoint_dir: Path | None = Field(default=None, description="Where checkpoints go; None = no checkpoints.")
     checkpoint_every: int = Field(default=50, ge=1, description="Save a checkpoint every this many steps.")
     resume: bool = Field(default=True, description="Resume from the latest checkpoint in checkpoint_dir if any.")
+    init_weights: Path | None = Field(
+        default=None,
+        description="Start from these weights (torch backend): a state dict file (e.g. SFT's weights.pt), a "
+        "checkpoint file, or a checkpoint directory; a checkpoint resumed from checkpoint_dir takes precedence.",
+    )
     log_dir: Path | None = Field(default=None, description="TensorBoard event files go here; None = none.")
     stop_at_reward: float | None = Field(
         default=None, description="Stop early once the EMA of train reward reaches this (benchmarks)."
@@ -98,6 +103,10 @@ class LightningRLConfig(BaseModel):
             raise ValueError(
                 f"max_prompt_tokens {self.max_prompt_tokens} + max_response_tokens {self.max_response_tokens} "
                 f"exceeds the tiny GPT's max_seq_len {self.policy.max_seq_len}; lower one or raise policy.max_seq_len"
+            )
+        if self.init_weights is not None and not self.init_weights.exists():
+            raise ValueError(
+                f"init_weights {str(self.init_weights)!r} does not exist; give a state dict file or a checkpoint"
             )
         if isinstance(self.agents, list) and not self.agents:
             raise ValueError("agents=[] would train nothing; pass None to train every call, or name the agents")

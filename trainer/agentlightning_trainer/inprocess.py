@@ -12,7 +12,7 @@ from typing import Any
 from agentlightning.types import Transition
 from agentlightning_trainer.config import LightningRLConfig
 from agentlightning_trainer.metrics import MetricsLogger, StepMetrics, group_summary
-from agentlightning_trainer.torch_backend.learner import TorchLearner
+from agentlightning_trainer.torch_backend.learner import TorchLearner, load_initial_weights
 from agentlightning_trainer.torch_backend.policy import Policy
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,8 @@ def train_in_process(
         raise ValueError("train_in_process needs at least one training task")
     rng = random.Random(config.seed)
     policy = policy or Policy.build(config.policy, seed=config.seed)
+    if config.init_weights is not None:  # before the learner copies the reference policy for the KL penalty
+        load_initial_weights(policy, config.init_weights)
     learner = TorchLearner(policy, config)
     result = TrainResult(policy)
     ema = 0.0

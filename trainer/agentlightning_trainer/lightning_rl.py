@@ -35,7 +35,7 @@ from agentlightning_trainer.config import LightningRLConfig
 from agentlightning_trainer.inprocess import as_rng_state, pick_tasks, with_advantages
 from agentlightning_trainer.metrics import MetricsLogger, StepMetrics, group_summary
 from agentlightning_trainer.served_policy import ServedPolicyAlgorithm
-from agentlightning_trainer.torch_backend.learner import TorchLearner
+from agentlightning_trainer.torch_backend.learner import TorchLearner, load_initial_weights
 from agentlightning_trainer.torch_backend.policy import Policy
 
 logger = logging.getLogger(__name__)
@@ -100,6 +100,8 @@ class LightningRL(ServedPolicyAlgorithm):
         cfg = self.config
         run_dir = self._prepare_run_dir("lightning-rl-")
         policy = self.policy = Policy.build(cfg.policy, seed=cfg.seed)
+        if cfg.init_weights is not None:  # before the learner copies the reference policy for the KL penalty
+            load_initial_weights(policy, cfg.init_weights)
         learner = TorchLearner(policy, cfg)
         rng = random.Random(cfg.seed)
         start_step, ema = 0, 0.0

@@ -53,9 +53,8 @@ def test_sft_then_rl_starts_from_the_fine_tuned_weights(tool_spec: PolicySpec, t
         run_dir=tmp_path / "sft",
         show_progress=False,
     )
-    rl_config = LightningRLConfig(
-        policy=tool_spec, steps=1, tasks_per_step=12, seed=0, checkpoint_dir=tmp_path / "rl-ckpt", lr=5e-4
-    )
+    # No checkpoint directory: Sequential hands SFT's weights file over as LightningRL's init_weights.
+    rl_config = LightningRLConfig(policy=tool_spec, steps=1, tasks_per_step=12, seed=0, lr=5e-4)
     rl = LightningRL(rl_config, run_dir=tmp_path / "rl", show_progress=False)
     Trainer(Sequential([sft, rl]), store=store, n_runners=32).fit(
         tool_choice_agent, tool_choice.tasks(), tool_choice.tasks()
@@ -67,9 +66,16 @@ def test_sft_then_rl_starts_from_the_fine_tuned_weights(tool_spec: PolicySpec, t
     # Greedy answers of the same weights: RL's first validation sees what SFT ended with, not a random model's 0.
     assert sft_after > 0.0 and abs(rl_before[1] - sft_after) <= 1 / 12 + 1e-9
     assert rl.version == sft.version + 1
+    assert sft.weights_path is not None and rl.config.init_weights == sft.weights_path
 
 
-def test_rl_after_sft_without_checkpoint_dir_is_refused_up_front(tool_spec: PolicySpec) -> None:
+def test_rl_after_sft_with_other_weights_is_refused_up_front(tool_spec: PolicySpec, tmp_path: Path) -> None:
     sft = SFT(SFTConfig(policy=tool_spec, rounds=1), show_progress=False)
-    with pytest.raises(ValueError, match="checkpoint_dir"):
-        Sequential([sft, LightningRL(LightningRLConfig(policy=tool_spec, steps=1), show_progress=False)])
+    other = PolicySpec(words=tool_spec.words, d_model=32)
+    with pytest.raises(ValueError, match="PolicySpec"):
+        Sequential([sft, LightningRL(LightningRLConfig(policy=other, steps=1), show_progress=False)])
+    weights = tmp_path / "w.pt"
+    weights.write_bytes(b"")
+    mine = LightningRL(LightningRLConfig(policy=tool_spec, steps=1, init_weights=weights), show_progress=False)
+    with pytest.raises(ValueError, match="init_weights"):
+        Sequential([sft, mine])

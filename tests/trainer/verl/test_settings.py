@@ -105,6 +105,8 @@ def test_configs_verl_cannot_run_are_refused_with_the_fix() -> None:
         check_verl_config(_config(policy=PolicySpec(), max_prompt_tokens=100, max_response_tokens=8))
     with pytest.raises(ValueError, match="save_freq"):
         check_verl_config(_config(checkpoint_dir=Path("ckpt")))
+    with pytest.raises(ValueError, match="save_pretrained"):
+        check_verl_config(_config().model_copy(update={"init_weights": Path("sft/weights.pt")}))
 
 
 def test_tensor_parallel_must_divide_the_gpus() -> None:

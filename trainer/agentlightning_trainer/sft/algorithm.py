@@ -31,7 +31,6 @@ from agentlightning_trainer.batches import (
     run_policy_batch,
     start_proxy,
 )
-from agentlightning_trainer.config import LightningRLConfig
 from agentlightning_trainer.inprocess import pick_tasks
 from agentlightning_trainer.served_policy import ServedPolicyAlgorithm
 from agentlightning_trainer.sft.config import SFTConfig
@@ -60,7 +59,8 @@ class SFT(ServedPolicyAlgorithm):
     """Fine-tunes a torch policy on the best rollouts per task, through the same store, proxy and policy server.
 
     After :meth:`run`: :attr:`history` (per-round metrics), :attr:`val_history` ((round, greedy reward) pairs,
-    round 0 = before training), :attr:`policy` and :attr:`version` are filled in.
+    round 0 = before training), :attr:`policy`, :attr:`version` and :attr:`weights_path` (the fine-tuned state
+    dict, e.g. for ``LightningRLConfig(init_weights=...)``) are filled in.
     """
 
     def __init__(
@@ -83,6 +83,7 @@ class SFT(ServedPolicyAlgorithm):
             run_dir=run_dir, show_progress=show_progress, console=console, n_server_threads=n_server_threads
         )
         self.history: list[RoundMetrics] = []
+        self.weights_path: Path | None = None
 
     async def run(
         self,
@@ -99,6 +100,7 @@ class SFT(ServedPolicyAlgorithm):
         learner = TorchLearner(policy, cfg.learner_config())
         rng = random.Random(cfg.seed)
         weights, server = await self._publish_initial_weights(learner, run_dir, seed=cfg.seed)
+        self.weights_path = weights
         assert server is not None  # serve=True
         proxy: ServedProxy | None = None
         try:
@@ -145,21 +147,6 @@ class SFT(ServedPolicyAlgorithm):
             if proxy is not None:
                 await proxy.stop()
             await asyncio.to_thread(server.stop)
-
-    def write_rl_checkpoint(self, directory: Path, rl_config: LightningRLConfig) -> Path:
-        """Save the fine-tuned weights as a step-0 LightningRL checkpoint, so RL (resume=True) starts from them.
-
-        The optimizer in the checkpoint is a fresh AdamW with ``rl_config``'s settings, not SFT's.
-        """
-        if self.policy is None:
-            raise ValueError("SFT has no fine-tuned policy yet: run it (trainer.fit) before handing over to RL")
-        if rl_config.policy != self.config.policy:
-            raise ValueError(
-                "LightningRL's policy spec differs from SFT's; give both the same PolicySpec so the weights fit"
-            )
-        learner = TorchLearner(self.policy, rl_config)
-        extra = {"ema": 0.0, "version": self.version, "task_rng": random.Random(rl_config.seed).getstate()}
-        return learner.save_checkpoint(directory, 0, extra)
 
     async def _rollouts(
         self, store: LightningStore, tasks: Sequence[Any], proxy: ServedProxy, temperature: float, round_index: int

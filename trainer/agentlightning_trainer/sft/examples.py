@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -67,15 +67,9 @@ def _example(t: Transition, policy: Policy, config: SFTConfig) -> tuple[Example 
     else:
         if not t.prompt_messages or not t.response_messages:
             return None, "no messages recorded for the call (the adapter needs gen_ai.input/output.messages)"
-        encode: Any = getattr(policy.tokenizer, "encode", None)
-        if encode is None:
-            return None, (
-                "chat-level examples need a tokenizer with encode(text); this policy's has none, so record engine "
-                "token ids (LLM proxy in front of the policy server) for token-level examples"
-            )
         text = "".join(message_text(m) for m in t.response_messages if m.get("role", "assistant") == "assistant")
         prompt = policy.tokenizer.encode_chat(t.prompt_messages)
-        response, source = [*encode(text), policy.tokenizer.eos_id], "chat"
+        response, source = [*policy.tokenizer.encode(text), policy.tokenizer.eos_id], "chat"
     if len(prompt) > config.max_prompt_tokens:
         return None, f"prompt longer than max_prompt_tokens {config.max_prompt_tokens}"
     if len(prompt) + len(response) > policy.max_seq_len:

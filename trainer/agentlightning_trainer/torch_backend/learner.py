@@ -210,3 +210,24 @@ class TorchLearner:
         np.random.set_state(state["numpy_rng"])
         logger.info("resumed from %s (step %d)", path, state["step"])
         return int(state["step"]), dict(state["extra"])
+
+
+def load_initial_weights(policy: Policy, path: Path) -> None:
+    """Load weights into ``policy`` from a state dict file, a checkpoint file, or a checkpoint directory."""
+    path = Path(path)
+    if path.is_dir():
+        pointer = path / "latest"
+        if not pointer.exists():
+            raise ValueError(f"init_weights {str(path)!r} is a directory without a checkpoint ('latest' is missing)")
+        path = path / pointer.read_text().strip()
+    state = torch.load(path, weights_only=False, map_location="cpu")  # our own files; checkpoints hold RNG states
+    if isinstance(state, dict) and "model" in state and "optimizer" in state:  # a checkpoint: its model only
+        state = state["model"]
+    try:
+        policy.module.load_state_dict(state)
+    except RuntimeError as exc:
+        raise ValueError(
+            f"init_weights {str(path)!r} does not fit the policy {policy.spec.kind!r} ({policy.spec.model_name}); "
+            f"give the PolicySpec the weights were trained with: {exc}"
+        ) from exc
+    logger.info("initial weights loaded from %s", path)

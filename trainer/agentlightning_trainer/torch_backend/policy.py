@@ -24,6 +24,10 @@ class ChatTokenizer(Protocol):
     eos_id: int
     pad_id: int
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of plain ``text``, without special tokens (e.g. a response to imitate)."""
+        ...
+
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         """Prompt token ids of a chat."""
         ...
@@ -46,17 +50,24 @@ class _HFTokenizer:
     """Adapts a HF tokenizer (with its own chat template) to :class:`ChatTokenizer`."""
 
     def __init__(self, tokenizer: Any) -> None:
+        """Wrap a loaded ``transformers`` tokenizer."""
         self._tok = tokenizer
         self.eos_id = int(tokenizer.eos_token_id)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without the BOS/EOS the tokenizer would add to a whole sequence."""
+        return [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
+
     def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """Prompt token ids from the model's own chat template, ending where the assistant's reply begins."""
         ids = self._tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
         if isinstance(ids, Mapping):  # transformers >= 5 may return a BatchEncoding
             ids = ids["input_ids"]
         return [int(i) for i in ids]
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
+        """Text of token ids."""
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special))
 
 

@@ -102,6 +102,11 @@ def check_verl_config(config: LightningRLConfig) -> str:
             "backend 'verl' does not write LightningRL checkpoints (checkpoint_dir is set); save the model with "
             "verl's trainer.save_freq through VerlSettings.overrides, or use backend='torch'"
         )
+    if config.init_weights is not None:
+        raise ValueError(
+            "backend 'verl' starts from policy.hf_model, not from a torch state dict (init_weights is set); save "
+            "the fine-tuned model with save_pretrained and point hf_model at that directory"
+        )
     return config.policy.hf_model
 
 
