@@ -9,9 +9,9 @@ its writes, and :meth:`PrefetchedTxn.flush` writes them back, all in one databas
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, LiteralString
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, AsyncCursor
 
 from agentlightning.store._sqlite_schema import (
     ATTEMPT_COLUMNS,
@@ -68,6 +68,11 @@ _INSERT_ROLLOUTS: Final = (
     "%s::bigint[], %s::bigint[], %s::bigint[], %s::int[]) "
     "WITH ORDINALITY AS u(r, s, m, g, res, i, c, md, et, st, en, n, o) ORDER BY o"
 )
+# The same insert for one rollout (the common case): scalar parameters, because psycopg inspects every element of
+# every list parameter to choose its dumper, and twelve one-element arrays cost more client CPU than the statement.
+_INSERT_ROLLOUT: Final = (
+    f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
 _UPDATE_ROLLOUT: Final = (
     "UPDATE rollouts SET status = %s, metadata = %s, start_time = %s, end_time = %s, num_attempts = %s "
     "WHERE rollout_id = %s"
@@ -78,6 +83,14 @@ _UPDATE_ATTEMPT: Final = (
     "UPDATE attempts SET status = %s, end_time = %s, error = %s, "
     "last_heartbeat_time = GREATEST(last_heartbeat_time, %s) WHERE attempt_id = %s"
 )
+
+# Data-modifying CTEs: both writes run (on the same snapshot, on different tables) in one statement.
+_INSERT_ATTEMPT_WITH_ROLLOUT: Final = f"WITH a AS ({_INSERT_ATTEMPT}) {_UPDATE_ROLLOUT}"
+_UPDATE_ATTEMPT_WITH_ROLLOUT: Final = f"WITH a AS ({_UPDATE_ATTEMPT}) {_UPDATE_ROLLOUT}"
+
+_ONE_ROLLOUT: Final = f"{SELECT_ROLLOUT} WHERE rollout_id = %s"
+_ONE_ROLLOUT_LOCKED: Final = f"{_ONE_ROLLOUT} FOR UPDATE"
+_ATTEMPTS_OF_ONE: Final = f"{SELECT_ATTEMPT} WHERE rollout_id = %s ORDER BY sequence_id"
 
 
 class PrefetchedTxn:
@@ -102,13 +115,19 @@ class PrefetchedTxn:
     async def load_rollouts(self, conn: AsyncConnection[Any], rollout_ids: Sequence[str], *, lock: bool) -> None:
         """Load rollouts (locked ``FOR UPDATE`` in enqueue order when ``lock``) and all their attempts."""
         ids = list(dict.fromkeys(rollout_ids))
-        suffix = " ORDER BY seq FOR UPDATE" if lock else ""
         # Both queries go out before either result is read: one round trip in pipeline mode. The attempts query
         # runs after the rollout rows are locked, so it sees every attempt committed before the lock.
-        rollout_rows = await conn.execute(f"{SELECT_ROLLOUT} WHERE rollout_id = ANY(%s){suffix}", (ids,), binary=True)
-        attempt_rows = await conn.execute(
-            f"{SELECT_ATTEMPT} WHERE rollout_id = ANY(%s) ORDER BY rollout_id, sequence_id", (ids,)
-        )
+        if len(ids) == 1:  # every single-rollout op: a scalar parameter is far cheaper to send than a list
+            rollout_rows = await conn.execute(_ONE_ROLLOUT_LOCKED if lock else _ONE_ROLLOUT, (ids[0],), binary=True)
+            attempt_rows = await conn.execute(_ATTEMPTS_OF_ONE, (ids[0],))
+        else:
+            suffix = " ORDER BY seq FOR UPDATE" if lock else ""
+            rollout_rows = await conn.execute(
+                f"{SELECT_ROLLOUT} WHERE rollout_id = ANY(%s){suffix}", (ids,), binary=True
+            )
+            attempt_rows = await conn.execute(
+                f"{SELECT_ATTEMPT} WHERE rollout_id = ANY(%s) ORDER BY rollout_id, sequence_id", (ids,)
+            )
         found = {row[0]: rollout_from_row(row) for row in await rollout_rows.fetchall()}
         for rollout_id in ids:
             self.rollouts[rollout_id] = found.get(rollout_id)
@@ -167,56 +186,76 @@ class PrefetchedTxn:
     async def flush(self, conn: AsyncConnection[Any]) -> None:
         """Write every recorded change (inside the caller's transaction)."""
         async with conn.cursor() as cursor:
-            if self._new_rollouts:
-                await cursor.execute(_INSERT_ROLLOUTS, _rollout_columns(self._new_rollouts))
-            if self._new_attempts:
-                await cursor.executemany(
-                    _INSERT_ATTEMPT,
-                    [
-                        (a.rollout_id, a.attempt_id, a.sequence_id, a.status, a.worker_id, a.start_time, a.end_time,
-                         a.last_heartbeat_time, a.error, a.resources_id)
-                        for a in self._new_attempts
-                    ],
-                )  # fmt: skip
-            if self._changed_attempts:
-                await cursor.executemany(
-                    _UPDATE_ATTEMPT,
-                    [
-                        (a.status, a.end_time, a.error, a.last_heartbeat_time, a.attempt_id)
-                        for a in self._changed_attempts.values()
-                    ],
-                )
-            inserted = {r.rollout_id for r in self._new_rollouts}  # written whole by the insert above
+            inserted = {r.rollout_id for r in self._new_rollouts}  # written whole by the insert below
             changed = [r for r in self._changed_rollouts.values() if r.rollout_id not in inserted]
-            if changed:
-                await cursor.executemany(
-                    _UPDATE_ROLLOUT,
-                    [
-                        (r.status, dumps_json(r.metadata, f"metadata of rollout {r.rollout_id}"), r.start_time,
-                         r.end_time, r.num_attempts, r.rollout_id)
-                        for r in changed
-                    ],
-                )  # fmt: skip
+            attempts = [*self._new_attempts, *self._changed_attempts.values()]
+            if not self._new_rollouts and len(changed) == 1 and len(attempts) == 1:
+                # A claim, start, finish or heartbeat: the attempt and rollout writes as one statement (each
+                # statement costs a round of client and server work, more than these small writes themselves).
+                sql = _INSERT_ATTEMPT_WITH_ROLLOUT if self._new_attempts else _UPDATE_ATTEMPT_WITH_ROLLOUT
+                params = (
+                    _insert_attempt_values(attempts[0]) if self._new_attempts else _update_attempt_values(attempts[0])
+                )
+                await cursor.execute(sql, (*params, *_update_rollout_values(changed[0])))
+                return
+            if len(self._new_rollouts) == 1:
+                await cursor.execute(_INSERT_ROLLOUT, _rollout_values(self._new_rollouts[0]))
+            elif self._new_rollouts:
+                await cursor.execute(_INSERT_ROLLOUTS, _rollout_columns(self._new_rollouts))
+            # One row per statement is the common case: execute() costs less client CPU than executemany().
+            await _execute_each(cursor, _INSERT_ATTEMPT, [_insert_attempt_values(a) for a in self._new_attempts])
+            await _execute_each(
+                cursor, _UPDATE_ATTEMPT, [_update_attempt_values(a) for a in self._changed_attempts.values()]
+            )
+            await _execute_each(cursor, _UPDATE_ROLLOUT, [_update_rollout_values(r) for r in changed])
+
+
+def _insert_attempt_values(a: Attempt) -> tuple[Any, ...]:
+    return (
+        a.rollout_id, a.attempt_id, a.sequence_id, a.status, a.worker_id, a.start_time, a.end_time,
+        a.last_heartbeat_time, a.error, a.resources_id,
+    )  # fmt: skip
+
+
+def _update_attempt_values(a: Attempt) -> tuple[Any, ...]:
+    return (a.status, a.end_time, a.error, a.last_heartbeat_time, a.attempt_id)
+
+
+def _update_rollout_values(r: Rollout) -> tuple[Any, ...]:
+    metadata = dumps_json(r.metadata, f"metadata of rollout {r.rollout_id}")
+    return (r.status, metadata, r.start_time, r.end_time, r.num_attempts, r.rollout_id)
+
+
+async def _execute_each(cursor: AsyncCursor[Any], sql: LiteralString, rows: Sequence[tuple[Any, ...]]) -> None:
+    """Run ``sql`` once per row: plain execute() for one row, executemany() for more, nothing for none."""
+    if len(rows) == 1:
+        await cursor.execute(sql, rows[0])
+    elif rows:
+        await cursor.executemany(sql, rows)
 
 
 def _rollout_columns(rollouts: Sequence[Rollout]) -> tuple[list[Any], ...]:
     """Column arrays of new rollouts for the ``unnest`` insert (one statement for any batch size)."""
     columns: tuple[list[Any], ...] = tuple([] for _ in range(12))
     for r in rollouts:
-        values = (
-            r.rollout_id,
-            r.status,
-            r.mode,
-            r.group_id,
-            r.resources_id,
-            dumps_json(r.input, f"input of rollout {r.rollout_id}"),
-            r.config.__pydantic_serializer__.to_json(r.config),
-            dumps_json(r.metadata, f"metadata of rollout {r.rollout_id}"),
-            r.enqueue_time,
-            r.start_time,
-            r.end_time,
-            r.num_attempts,
-        )
-        for column, value in zip(columns, values, strict=True):
+        for column, value in zip(columns, _rollout_values(r), strict=True):
             column.append(value)
     return columns
+
+
+def _rollout_values(r: Rollout) -> tuple[Any, ...]:
+    """One new rollout's column values, in ``ROLLOUT_COLUMNS`` order."""
+    return (
+        r.rollout_id,
+        r.status,
+        r.mode,
+        r.group_id,
+        r.resources_id,
+        dumps_json(r.input, f"input of rollout {r.rollout_id}"),
+        r.config.__pydantic_serializer__.to_json(r.config),
+        dumps_json(r.metadata, f"metadata of rollout {r.rollout_id}"),
+        r.enqueue_time,
+        r.start_time,
+        r.end_time,
+        r.num_attempts,
+    )
