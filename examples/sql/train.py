@@ -206,7 +206,7 @@ def scripted_upstream(sketches: dict[str, str]) -> Any:
     def reply(request: FakeRequest) -> FakeReply:
         system = str(request.messages[0].get("content", "")) if request.messages else ""
         if system == PROMPTS["sketch"]["writer"]:
-            return FakeReply(text="total wages")  # names no column: the query fails to run
+            return FakeReply(text="tell me")  # not a sketch: the query fails to run
         if system == PROMPTS["sketch"]["checker"]:
             return FakeReply(text="correct")
         question = request.last_user_text.split("\n", 1)[0].removeprefix("question: ")
