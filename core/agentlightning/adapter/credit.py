@@ -65,7 +65,10 @@ def identical_credit(data: CreditInput) -> list[float]:
 
 
 def per_call_credit(data: CreditInput) -> list[float]:
-    """Each intermediate reward to the calls since the previous one; the final reward to the calls after the last."""
+    """Each intermediate reward to the calls since the previous one; the final reward to the calls after the last.
+
+    When no call follows the last intermediate reward, the final reward is added to that reward's calls.
+    """
     calls = data.calls
     credit = [0.0] * len(calls)
     turns = [call.turn_index for call in calls]
@@ -75,13 +78,22 @@ def per_call_credit(data: CreditInput) -> list[float]:
     for reward in intermediate:
         by_gap[reward.after_calls] = by_gap.get(reward.after_calls, 0.0) + reward.value
     start = 0  # index into calls of the first call not yet credited
+    last_segment = range(0)  # the calls credited by the latest intermediate reward
     for gap in sorted(by_gap):
         stop = bisect_left(turns, gap)
         for index in range(start, stop):
             credit[index] = by_gap[gap]
+        if stop > start:
+            last_segment = range(start, stop)
         start = max(start, stop)
-    for index in range(start, len(calls)):
-        credit[index] = final.value
+    if start < len(calls):
+        for index in range(start, len(calls)):
+            credit[index] = final.value
+    else:
+        # No call follows the last intermediate reward: the final reward sits in the same gap, and rewards in one gap
+        # add up, so it joins the credit of the calls that gap rewards instead of being lost.
+        for index in last_segment:
+            credit[index] += final.value
     return credit
 
 

@@ -81,16 +81,16 @@ def test_per_call_intermediate_reward_belongs_to_the_call_before_it() -> None:
     assert [(r.turn_index, r.reward) for r in rows] == [(1, 0.3), (3, 1.0)]
 
 
-def test_per_call_rewards_in_one_gap_add_up_and_final_without_calls_is_unused() -> None:
+def test_per_call_rewards_in_one_gap_add_up_including_a_final_reward_with_no_call_after() -> None:
     b = TraceBuilder()
     b.llm(prompt=[1], response=[2])
     b.reward(0.2)
     b.reward(0.3)
     b.llm(prompt=[3], response=[4])
     b.reward(0.5)
-    b.reward(9.0)  # the returned total after the last step reward: no call is left for it
+    b.reward(9.0)  # the outcome after the last step reward: same gap, so it adds to that call, never lost
     rows = TraceAdapter(credit="per_call").adapt(ROLLOUT, b.spans)
-    assert [r.reward for r in rows] == [0.5, 0.5]
+    assert [r.reward for r in rows] == [0.5, 9.5]
 
 
 def test_per_call_without_intermediate_rewards_equals_identical() -> None:

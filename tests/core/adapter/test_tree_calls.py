@@ -134,7 +134,8 @@ def test_sequence_order_when_clocks_disagree() -> None:
     by_sequence = TraceAdapter(order="sequence").adapt(ROLLOUT, b.spans)
     assert [t.reward for t in by_sequence] == [0.25, 1.0]
     by_time = TraceAdapter(order="time").adapt(ROLLOUT, b.spans)
-    assert [t.reward for t in by_time] == [0.25, 0.25]
+    # By time both calls precede the 0.25 reward, and the final reward falls in the same gap: they add up.
+    assert [t.reward for t in by_time] == [1.25, 1.25]
 
 
 def test_latest_attempt_only() -> None:
