@@ -59,6 +59,7 @@ class _Batcher:
     """Collects concurrent requests and runs them as one batched generate in a worker thread."""
 
     def __init__(self, policy: Policy, version: int, *, max_batch: int, wait_s: float, seed: int) -> None:
+        """Batch at most ``max_batch`` requests, waiting up to ``wait_s`` for more; sample with ``seed``."""
         self.policy = policy
         self.version = version
         self.max_batch = max_batch
@@ -174,7 +175,7 @@ def create_policy_app(
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             return _error(400, "chat completions need a non-empty 'messages' list", "invalid_messages")
         if body.get("tools"):
-            return _error(400, "the policy server serves plain text; tool definitions are not supported", "no_tools")
+            return _error(400, "tools are not supported: the policy server serves plain text (send no tool definitions)", "no_tools")
         try:
             prompt = policy.tokenizer.encode_chat(body["messages"])
         except ValueError as exc:
