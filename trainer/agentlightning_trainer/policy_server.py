@@ -175,7 +175,11 @@ def create_policy_app(
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             return _error(400, "chat completions need a non-empty 'messages' list", "invalid_messages")
         if body.get("tools"):
-            return _error(400, "tools are not supported: the policy server serves plain text (send no tool definitions)", "no_tools")
+            return _error(
+                400,
+                "tools are not supported: the policy server serves plain text (send no tool definitions)",
+                "no_tools",
+            )
         try:
             prompt = policy.tokenizer.encode_chat(body["messages"])
         except ValueError as exc:
