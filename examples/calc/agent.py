@@ -102,9 +102,10 @@ class SingleToolTextClient(ChatCompletionClient):
     its reply is returned as a call of the tool with the text as that parameter; otherwise calls pass through.
     """
 
-    def __init__(self, client: ChatCompletionClient) -> None:
-        """Wrap ``client`` (which needs no tool-calling support)."""
+    def __init__(self, client: ChatCompletionClient, *, model: str | None = None) -> None:
+        """Wrap ``client`` (which needs no tool-calling support); ``model`` names its model for observers."""
         self._client = client
+        self.model = model
         self._info: ModelInfo = {**client.model_info, "function_calling": True}
 
     async def create(
@@ -227,7 +228,7 @@ async def solve(
         )
         solver = AssistantAgent(
             "solver",
-            model_client=SingleToolTextClient(client),
+            model_client=SingleToolTextClient(client, model=model),
             tools=[make_calculator(problem_numbers(problem))],
             system_message=SYSTEM_MESSAGE,
             reflect_on_tool_use=False,  # the calculator's result is the answer

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import io
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from examples.calc import problems
 from examples.calc.agent import calculate, problem_numbers
-from examples.calc.train import dev_async, exact_answer, parse_args
+from examples.calc.train import dev_async, exact_answer, gpu_config, parse_args
 
 
 def test_dev_mode_prints_agent_tool_and_llm_spans() -> None:
@@ -23,7 +25,7 @@ def test_dev_mode_prints_agent_tool_and_llm_spans() -> None:
     assert len(trees) == 2
     for expected in (
         "invoke_agent solver agent=solver",
-        "chat agent=solver (hook)",
+        "chat fake agent=solver (hook)",
         "execute_tool calculator agent=solver tool=calculator",
         "chat fake prompt_tokens=",
         "(proxy)",
@@ -48,7 +50,12 @@ def test_calculator_reads_leniently() -> None:
     assert exact_answer("18", 18) == 1.0 and exact_answer("error: no operator", 18) == 0.0
 
 
-def test_bad_arguments_are_refused_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_arguments_are_refused_before_any_work(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         parse_args(["--backend", "verl"])
     assert "pass --model" in capsys.readouterr().err
+    config = gpu_config("org/model", backend="torch", steps=3, run_dir=tmp_path)
+    assert config.policy.kind == "hf" and config.policy.hf_model == "org/model"
+    if importlib.util.find_spec("verl") is None:
+        with pytest.raises(ValueError, match="verl"):
+            gpu_config("org/model", backend="verl", steps=3, run_dir=tmp_path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import io
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from rich.console import Console
 
 from examples.sql import data
 from examples.sql.agent import compile_sketch, extract_sql, is_approved
-from examples.sql.train import CPU_SKETCHES, cpu_tasks, dev_async, parse_args
+from examples.sql.train import CPU_SKETCHES, cpu_tasks, dev_async, gpu_config, parse_args
 
 
 def test_dev_mode_prints_every_agent_tool_and_llm_span(tmp_path: Path) -> None:
@@ -85,3 +86,11 @@ def test_bad_arguments_are_refused_before_any_work(
     with pytest.raises(SystemExit):
         parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+def test_gpu_settings_are_validated_here(tmp_path: Path) -> None:
+    config = gpu_config("org/model", backend="torch", steps=3, run_dir=tmp_path)
+    assert config.policy.kind == "hf" and config.agents == ["writer", "rewriter"]
+    if importlib.util.find_spec("verl") is None:
+        with pytest.raises(ValueError, match="verl"):
+            gpu_config("org/model", backend="verl", steps=3, run_dir=tmp_path)
