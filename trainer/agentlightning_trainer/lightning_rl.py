@@ -35,8 +35,7 @@ from agentlightning_trainer.config import LightningRLConfig
 from agentlightning_trainer.inprocess import as_rng_state, pick_tasks, with_advantages
 from agentlightning_trainer.metrics import MetricsLogger, StepMetrics, group_summary
 from agentlightning_trainer.served_policy import ServedPolicyAlgorithm
-from agentlightning_trainer.torch_backend.learner import TorchLearner, load_initial_weights
-from agentlightning_trainer.torch_backend.policy import Policy
+from agentlightning_trainer.torch_backend.learner import TorchLearner
 
 logger = logging.getLogger(__name__)
 
@@ -95,13 +94,9 @@ class LightningRL(ServedPolicyAlgorithm):
         val_tasks: Sequence[Any] | None = None,
     ) -> None:
         """Train for ``config.steps`` steps (or until ``stop_at_reward``) against ``store``."""
-        if not train_tasks:
-            raise ValueError("LightningRL needs training tasks: trainer.fit(agent, train_tasks, val_tasks)")
         cfg = self.config
-        run_dir = self._prepare_run_dir("lightning-rl-")
-        policy = self.policy = Policy.build(cfg.policy, seed=cfg.seed)
-        if cfg.init_weights is not None:  # before the learner copies the reference policy for the KL penalty
-            load_initial_weights(policy, cfg.init_weights)
+        run_dir, policy = self._begin_run(train_tasks, cfg.policy, seed=cfg.seed, init_weights=cfg.init_weights)
+        assert train_tasks  # checked by _begin_run; narrowed for the type checker
         learner = TorchLearner(policy, cfg)
         rng = random.Random(cfg.seed)
         start_step, ema = 0, 0.0

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
 from agentlightning.algorithm import Algorithm
+from agentlightning_trainer.config import PolicySpec
 from agentlightning_trainer.policy_server import PolicyServerProcess
-from agentlightning_trainer.torch_backend.learner import TorchLearner
+from agentlightning_trainer.torch_backend.learner import TorchLearner, load_initial_weights
 from agentlightning_trainer.torch_backend.policy import Policy
 
 
@@ -33,11 +36,22 @@ class ServedPolicyAlgorithm(Algorithm):
         self.policy: Policy | None = None
         self.version = 0
 
-    def _prepare_run_dir(self, prefix: str) -> Path:
-        """The run directory, created (a fresh temporary one when ``run_dir`` is None)."""
-        run_dir = self.run_dir or Path(tempfile.mkdtemp(prefix=prefix))
+    def _begin_run(
+        self, train_tasks: Sequence[Any] | None, spec: PolicySpec, *, seed: int, init_weights: Path | None = None
+    ) -> tuple[Path, Policy]:
+        """Check for training tasks, create the run directory, build the policy (from ``init_weights`` if set).
+
+        The weights are loaded before any learner exists, so a KL reference copied from the policy starts there too.
+        """
+        name = type(self).__name__
+        if not train_tasks:
+            raise ValueError(f"{name} needs training tasks: trainer.fit(agent, train_tasks, val_tasks)")
+        run_dir = self.run_dir or Path(tempfile.mkdtemp(prefix=f"{name.lower()}-"))
         run_dir.mkdir(parents=True, exist_ok=True)
-        return run_dir
+        policy = self.policy = Policy.build(spec, seed=seed)
+        if init_weights is not None:
+            load_initial_weights(policy, init_weights)
+        return run_dir, policy
 
     async def _publish_initial_weights(
         self, learner: TorchLearner, run_dir: Path, *, seed: int, serve: bool = True

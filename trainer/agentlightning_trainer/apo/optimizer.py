@@ -158,6 +158,7 @@ class OptimizerLLM:
     timeout_s: float
 
     def __post_init__(self) -> None:
+        """Open the HTTP client to the optimiser endpoint."""
         from openai import AsyncOpenAI
 
         self._client = AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, timeout=self.timeout_s)

@@ -36,7 +36,6 @@ from agentlightning_trainer.served_policy import ServedPolicyAlgorithm
 from agentlightning_trainer.sft.config import SFTConfig
 from agentlightning_trainer.sft.examples import Example, build_examples, fine_tune, select_best
 from agentlightning_trainer.torch_backend.learner import TorchLearner
-from agentlightning_trainer.torch_backend.policy import Policy
 
 
 @dataclass
@@ -92,11 +91,9 @@ class SFT(ServedPolicyAlgorithm):
         val_tasks: Sequence[Any] | None = None,
     ) -> None:
         """Fine-tune for ``config.rounds`` rounds against ``store``."""
-        if not train_tasks:
-            raise ValueError("SFT needs training tasks: trainer.fit(agent, train_tasks, val_tasks)")
         cfg = self.config
-        run_dir = self._prepare_run_dir("sft-")
-        policy = self.policy = Policy.build(cfg.policy, seed=cfg.seed)
+        run_dir, policy = self._begin_run(train_tasks, cfg.policy, seed=cfg.seed)
+        assert train_tasks  # checked by _begin_run; narrowed for the type checker
         learner = TorchLearner(policy, cfg.learner_config())
         rng = random.Random(cfg.seed)
         weights, server = await self._publish_initial_weights(learner, run_dir, seed=cfg.seed)

@@ -23,7 +23,10 @@ class TinyGPTConfig(BaseModel):
 
 
 class _Block(nn.Module):
+    """One transformer block of the tiny GPT."""
+
     def __init__(self, d_model: int, n_heads: int) -> None:
+        """Pre-norm self-attention (causal through the caller's mask) and an MLP, each with a residual."""
         super().__init__()
         self.n_heads = n_heads
         self.ln1 = nn.LayerNorm(d_model)
@@ -35,6 +38,7 @@ class _Block(nn.Module):
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """The block's output for ``x`` and the keys/values to cache (appended to ``past``)."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
         q, k, v = (z.view(b, t, self.n_heads, d // self.n_heads).transpose(1, 2) for z in (q, k, v))

@@ -75,11 +75,13 @@ class _HFWithValueHead(nn.Module):
     """A HF causal LM returning (logits, values) like :class:`TinyGPT`."""
 
     def __init__(self, model: Any) -> None:
+        """Add a linear value head over the model's last hidden state."""
         super().__init__()
         self.lm = model
         self.value_head = nn.Linear(int(model.config.hidden_size), 1)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``[B, T, V]`` and values ``[B, T]``; positions count only attended tokens (left padding)."""
         positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
         out = self.lm(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, output_hidden_states=True
