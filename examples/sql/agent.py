@@ -21,7 +21,7 @@ import sqlite3
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 import certifi
 import openai
@@ -85,14 +85,14 @@ _KEYWORDS: Final = sorted(
 _KEYWORD_RE: Final = re.compile("|".join(_KEYWORDS))
 
 
-class SqlState(TypedDict, total=False):
-    """What flows through the graph."""
+class SqlState(TypedDict):
+    """What flows through the graph (the input has only the question; the writer sets the rest)."""
 
     question: str
     query: str  # the model's latest answer (SQL or sketch), as written
     sql: str  # the SQL that ran
     result: str
-    review: str
+    review: NotRequired[str]
     rewrites: int
 
 
