@@ -13,7 +13,8 @@ from examples.sql.train import train_cpu
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_cpu_mode_learns_and_trains_only_writer_and_rewriter(tmp_path: Path) -> None:
-    outcome = train_cpu(steps=40, seed=0, run_dir=tmp_path, show_progress=False)
+    # 40 steps reached +0.27 to +0.53 across runs (batched generation makes runs differ); 60 leave a margin.
+    outcome = train_cpu(steps=60, seed=0, run_dir=tmp_path, show_progress=False)
     print(f"sql: validation {outcome.val_before:.2f} -> {outcome.val_after:.2f} in {outcome.wall_s:.0f} s")
 
     async def agents_of_calls_and_transitions() -> tuple[set[str | None], dict[str | None, int]]:
