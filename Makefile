@@ -7,8 +7,8 @@ VENV_VERL := .venv-verl
 TORCH ?= torch==2.13.0
 PIP_FLAGS ?= -q --disable-pip-version-check
 
-MAIN_MEMBERS := -e ./core -e ./integrations/langchain -e ./integrations/autogen -e ./integrations/openai_agents -e ./trainer -e ".[all]"
-CREWAI_MEMBERS := -e ./core -e ./integrations/crewai
+MAIN_MEMBERS := -e "./core[server]" -e ./integrations/langchain -e ./integrations/autogen -e ./integrations/openai_agents -e ./trainer -e ".[all]"
+CREWAI_MEMBERS := -e "./core[server]" -e ./integrations/crewai
 
 .PHONY: system-deps setup setup-crewai setup-verl train test test-main test-crewai test-verl lint format bench clean
 
@@ -41,7 +41,7 @@ $(VENV_VERL)/.installed: core/pyproject.toml trainer/pyproject.toml requirements
 	test -d $(VENV_VERL) || $(PYTHON) -m venv $(VENV_VERL)
 	$(VENV_VERL)/bin/pip install $(PIP_FLAGS) --upgrade pip
 	$(VENV_VERL)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
-	$(VENV_VERL)/bin/pip install $(PIP_FLAGS) "$(TORCH)" -e ./core -e ./trainer -r requirements-verl.txt
+	$(VENV_VERL)/bin/pip install $(PIP_FLAGS) "$(TORCH)" -e "./core[server]" -e ./trainer -r requirements-verl.txt
 	touch $@
 
 ## The main job: a training run on embedded defaults (SQLite store, tiny CPU policy, example agent).

@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -112,10 +113,14 @@ def _pip(venv: Path, *arguments: str) -> None:
         raise RuntimeError(f"pip install {' '.join(arguments)} failed in {venv}:\n{done.stdout}{done.stderr}")
 
 
-def _ensure_venv(venv: Path, stamp: str, install: Callable[[], None]) -> None:
+def _ensure_venv(venv: Path, stamp: str, install: Callable[[], None], *, fresh: bool = False) -> None:
+    """Install into ``venv`` unless it was installed with ``stamp``; ``fresh`` rebuilds it from nothing first."""
     marker = venv / ".bench-installed"
     if marker.exists() and marker.read_text() == stamp:
         return
+    if fresh and venv.exists():
+        # A dependency dropped from core's pyproject must leave the measured venv too, or its size lingers.
+        shutil.rmtree(venv)
     if not (venv / "bin" / "python").exists():
         subprocess.run([_base_python(), "-m", "venv", str(venv)], check=True)
     install()
@@ -146,7 +151,7 @@ def ensure_core_venv() -> Path:
         _pip(CORE_VENV, str(ROOT / "core"))  # its dependencies, as a user's install gets them
         _pip(CORE_VENV, "--force-reinstall", "--no-deps", str(ROOT / "core"))  # our current files, same version
 
-    _ensure_venv(CORE_VENV, _core_fingerprint(), install)
+    _ensure_venv(CORE_VENV, _core_fingerprint(), install, fresh=True)
     return CORE_VENV
 
 

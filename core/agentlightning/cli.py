@@ -490,7 +490,14 @@ def main() -> None:
     # The current directory is importable, as with `python -m`, so `--agent my_agent:solve` finds ./my_agent.py.
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    app()
+    from agentlightning.extras import MissingExtraError
+
+    try:
+        app()
+    except MissingExtraError as exc:
+        # What to install is the whole message; a traceback would bury it.
+        print(f"agl: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

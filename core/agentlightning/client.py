@@ -26,7 +26,7 @@ import httpx
 import orjson
 from pydantic import TypeAdapter
 
-from agentlightning.server import _models as m
+from agentlightning import _wire as m
 from agentlightning.store.base import (
     IllegalTransitionError,
     LightningStore,

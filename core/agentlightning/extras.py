@@ -64,3 +64,27 @@ def require_integration(name: str) -> str:
         f'the {name} integration is not installed; run: pip install "agent-lightning[{EXTRAS[name]}]" '
         f"(installed: {sorted(found) or 'none'})"
     )
+
+
+# The HTTP side of core (store server, LLM proxy, dashboard, fake OpenAI upstream) lives behind the `server` extra so
+# a runner machine that only traces and talks to a store installs none of it.
+SERVER_MODULES: Final = ("fastapi", "uvicorn", "prometheus_client", "google.protobuf")
+
+
+def require_server_extra(feature: str) -> None:
+    """Raise MissingExtraError naming the install command when the ``server`` extra's packages are absent."""
+    missing = [name for name in SERVER_MODULES if not _importable(name)]
+    if missing:
+        raise MissingExtraError(
+            f"{feature} needs the server extra (missing: {', '.join(missing)}); run: "
+            'pip install "agentlightning-core[server]" (the agent-lightning package includes it)'
+        )
+
+
+def _importable(name: str) -> bool:
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(name) is not None
+    except (ImportError, ValueError):  # a missing parent package ("google") raises instead of returning None
+        return False

@@ -95,6 +95,9 @@ def spans_from_otlp(
     server can answer with an OTLP partial success naming what was wrong.
     """
     if isinstance(request, bytes):
+        from agentlightning.extras import require_server_extra
+
+        require_server_extra("decoding OTLP protobuf (agentlightning.otel.spans_from_otlp)")
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
         try:

@@ -8,6 +8,10 @@ token like the rest of ``/v1``; the pages ask for the token once and keep it in 
 
 from __future__ import annotations
 
+from agentlightning.extras import require_server_extra
+
+require_server_extra("the dashboard (agentlightning.dashboard)")
+
 from fastapi import FastAPI
 
 from agentlightning.adapter import TraceAdapter

@@ -4,6 +4,10 @@ Spans carry the engine's token ids and logprobs (no retokenisation drift) and th
 See :func:`create_proxy_app` for the routes and what the proxy adds to upstream requests.
 """
 
+from agentlightning.extras import require_server_extra
+
+require_server_extra("the LLM proxy (agentlightning.proxy)")
+
 from agentlightning.proxy.app import LLMProxy, create_proxy_app, flush_proxy_spans, proxy_of
 from agentlightning.proxy.server import ProxyServer, serve_proxy
 

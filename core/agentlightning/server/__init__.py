@@ -5,6 +5,10 @@
 :class:`agentlightning.client.LightningStoreClient`.
 """
 
+from agentlightning.extras import require_server_extra
+
+require_server_extra("the store server (agentlightning.server)")
+
 from agentlightning.server._app import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_SPANS_PER_REQUEST,

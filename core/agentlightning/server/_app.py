@@ -16,8 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
-from agentlightning import __version__
-from agentlightning.server import _models as m
+from agentlightning import __version__, _wire as m
 from agentlightning.server._idempotency import IdempotencyCache
 from agentlightning.server._middleware import StoreEdgeMiddleware, StoreMetrics
 from agentlightning.server._otlp import add_otlp_route

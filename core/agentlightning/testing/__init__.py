@@ -1,5 +1,9 @@
 """Test tooling for Agent Lightning and its users: a deterministic fake OpenAI-compatible upstream."""
 
+from agentlightning.extras import require_server_extra
+
+require_server_extra("the fake OpenAI upstream (agentlightning.testing)")
+
 from agentlightning.testing.fake_openai import (
     FakeError,
     FakeOpenAI,
