@@ -1,17 +1,17 @@
-"""Dev-mode helpers shared by the examples: serve the LLM proxy on the running loop, print a rollout's span tree."""
+"""Dev mode shared by the examples: run an agent once against a fake upstream behind the LLM proxy, print span trees."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.tree import Tree
 
-from agentlightning import semconv
+from agentlightning import LLM, Trainer, semconv
 from agentlightning.adapter.tree import build_call_tree
 from agentlightning.store.base import LightningStore
 from agentlightning.types import Span
@@ -94,3 +94,41 @@ async def print_span_trees(store: LightningStore, rollout_ids: Sequence[str], co
         trees.append(span_tree(spans, f"rollout {rollout_id}"))
         console.print(trees[-1])
     return trees
+
+
+async def run_dev(
+    agent: Any,
+    tasks: Sequence[Any],
+    reply: Callable[[Any], Any],
+    *,
+    n_tasks: int,
+    instrumentation: Any,
+    console: Console | None = None,
+    timeout_s: float = 60,
+) -> tuple[list[Any], list[Tree]]:
+    """Run ``n_tasks`` of ``tasks`` (spread over the list) once with ``agent`` against a fake upstream scripted by
+    ``reply``, through the LLM proxy.
+
+    ``instrumentation`` is the example's integration module (``instrument()``/``uninstrument()``); it is installed
+    for the run only. Prints what the trainer would see and each rollout's span tree; returns both.
+    """
+    from agentlightning.proxy import flush_proxy_spans
+    from agentlightning.store import InMemoryLightningStore
+    from agentlightning.testing.fake_openai import FakeOpenAI
+
+    console = console or Console()
+    chosen = list(tasks)[:: max(1, len(tasks) // n_tasks)][:n_tasks]
+    store = InMemoryLightningStore()
+    instrumentation.instrument()
+    try:
+        with FakeOpenAI(reply=reply).serve() as upstream:
+            async with proxy_on_loop(store, upstream.base_url) as (proxy_url, proxy_app):
+                await store.add_resources({"llm": LLM(base_url=proxy_url, model="fake", proxied=True)})
+                rows = await Trainer(store=store, n_runners=2, console=console).dev_async(
+                    agent, chosen, timeout_s=timeout_s
+                )
+                await flush_proxy_spans(proxy_app)
+                trees = await print_span_trees(store, [r.rollout_id for r in rows], console)
+    finally:
+        instrumentation.uninstrument()
+    return rows, trees

@@ -13,17 +13,18 @@ training data; ``Trainer.fit`` runs it all.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import re
-import time
 from pathlib import Path
 from typing import Any, Final
 
 from rich.console import Console
 
 import agentlightning_crewai
-from agentlightning import LLM, Trainer, rollout
+from agentlightning import LLM, rollout
+from examples import _training
+from examples._cli import ExampleCommand
+from examples._dev import run_dev
+from examples._training import TrainOutcome
 from examples.crew.agent import TEAMS, OpenAITextLLM, TeamDirectoryTool, handle_ticket
 
 TRAINED_AGENTS: Final = ["specialist"]
@@ -100,83 +101,42 @@ def vocabulary() -> tuple[str, ...]:
         tool.name, tool.description, tool._run(), *TEAMS, *TEAMS.values(),
     ]  # fmt: skip
     crew_texts += [request for request, _ in TICKETS]
-    tokens: dict[str, None] = dict.fromkeys(TEAMS)
-    for piece in _crewai_prompt_pieces():
-        tokens.setdefault(piece)
-    # Words only from the crew's own texts: every extra token is one more wrong reply a random policy can sample.
-    for text in crew_texts:
-        for word in re.findall(r"[A-Za-z_]+", text):
-            if len(word) > 1:
-                tokens.setdefault(" " + word)
-                tokens.setdefault(word)
-    return tuple(tokens)
+    whole = dict.fromkeys([*TEAMS, *_crewai_prompt_pieces()])
+    return _training.tiny_gpt_words(crew_texts, whole=whole, pattern=r"[A-Za-z_]+", spaced=True)
 
 
 def cpu_config(steps: int, seed: int, run_dir: Path | None = None) -> Any:
     """LightningRL settings for the tiny GPT on the CPU; only the specialist's calls are trained."""
-    from agentlightning_trainer import LightningRLConfig, PolicySpec
-
-    return LightningRLConfig(
-        policy=PolicySpec(words=vocabulary(), max_seq_len=400),
-        agents=TRAINED_AGENTS,
-        steps=steps,
-        seed=seed,
-        tasks_per_step=8,
-        samples_per_task=16,
+    return _training.cpu_config(
+        vocabulary(), steps=steps, seed=seed, run_dir=run_dir, max_seq_len=400, agents=TRAINED_AGENTS,
         lr=2e-3,  # with 32-transition mini-batches: the setting that learned the RAG example's CPU task fastest
-        mini_batch_size=32,
-        epochs=2,
         max_prompt_tokens=380,
         max_response_tokens=4,  # the planner's and critic's replies are context too: keep them short
         val_every=5,
-        checkpoint_dir=None if run_dir is None else run_dir / "checkpoints",
-        log_dir=None if run_dir is None else run_dir / "tensorboard",
-    )
+    )  # fmt: skip
 
 
 def train_cpu(
-    steps: int = 60,
-    seed: int = 0,
-    runners: int = 32,
-    run_dir: Path | None = None,
-    console: Console | None = None,
-    store: str = ":memory:",
-) -> Any:
-    """Train the tiny GPT's specialist on the tickets (``store``: a SQLite path keeps spans); returns LightningRL."""
-    import torch
-
-    from agentlightning_trainer import LightningRL
-
-    torch.set_num_threads(1)  # the policy server, the crews and the learner share the CPU
-    agentlightning_crewai.instrument()
-    run_dir = run_dir or Path("runs") / time.strftime("crew-%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    algorithm = LightningRL(cpu_config(steps, seed, run_dir), run_dir=run_dir, console=console)
-    Trainer(algorithm, store=store, n_runners=runners, console=console).fit(crew_agent, tasks(), tasks())
-    return algorithm
-
-
-def train_gpu(model: str, backend: str, steps: int, run_dir: Path | None, console: Console) -> Any:
-    """Train a Hugging Face model's specialist calls (``model``: id or local path) on a GPU, torch or verl backend."""
-    from agentlightning_trainer import LightningRL, LightningRLConfig, PolicySpec
-
-    agentlightning_crewai.instrument()
-    run_dir = run_dir or Path("runs") / time.strftime("crew-gpu-%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = LightningRLConfig(
-        backend=backend,  # type: ignore[arg-type]  # validated by parse_args
-        policy=PolicySpec(kind="hf", model_name=Path(model).name or model, hf_model=model),
-        agents=TRAINED_AGENTS, steps=steps, samples_per_task=8 if backend == "verl" else 16, lr=1e-6,
-        max_prompt_tokens=2048, max_response_tokens=256, checkpoint_dir=run_dir / "checkpoints",
+    steps: int = 60, seed: int = 0, run_dir: Path | None = None, console: Console | None = None, **options: Any
+) -> TrainOutcome:
+    """Train the tiny GPT's specialist on the tickets (``store=``: a SQLite path keeps spans)."""
+    run_dir = run_dir or _training.default_run_dir("crew")
+    return _training.fit(
+        cpu_config(steps, seed, run_dir), crew_agent, tasks(), tasks(), instrumentation=agentlightning_crewai,
+        run_dir=run_dir, n_runners=32, console=console, **options,
     )  # fmt: skip
-    if backend == "verl":
-        from agentlightning_trainer.verl import VerlLightningRL
 
-        algorithm: Any = VerlLightningRL(config, run_dir=run_dir, console=console)
-    else:
-        algorithm = LightningRL(config, run_dir=run_dir, console=console)
-    Trainer(algorithm, store=run_dir / "store.db", n_runners=32, console=console).fit(crew_agent, tasks(), tasks())
-    return algorithm
+
+def train_gpu(model: str, *, backend: str, steps: int, seed: int, run_dir: Path, console: Console) -> TrainOutcome:
+    """Train a Hugging Face model's specialist calls (``model``: id or local path) on a GPU, torch or verl backend."""
+    config = _training.gpu_config(
+        model, backend=backend, steps=steps, seed=seed, run_dir=run_dir, agents=TRAINED_AGENTS, tasks_per_step=12,
+        max_prompt_tokens=2048, max_response_tokens=256,
+    )  # fmt: skip
+    return _training.fit(
+        config, crew_agent, tasks(), tasks(), instrumentation=agentlightning_crewai, run_dir=run_dir,
+        store=str(run_dir / "store.db"), n_runners=32, console=console,
+    )  # fmt: skip
 
 
 def fake_reply(request: Any) -> Any:
@@ -195,67 +155,27 @@ def fake_reply(request: Any) -> Any:
     return FakeReply(text="Thought: done\nFinal Answer: the routing is right")
 
 
-async def dev_async(n_tasks: int = 2, console: Console | None = None) -> tuple[list[Any], list[Any]]:
+async def dev_async(
+    n_tasks: int = 2, *, run_dir: Path | None = None, console: Console | None = None
+) -> tuple[list[Any], list[Any]]:
     """Run ``n_tasks`` tickets once against the fake upstream through the LLM proxy; print each span tree."""
-    from agentlightning.proxy import flush_proxy_spans
-    from agentlightning.store import InMemoryLightningStore
-    from agentlightning.testing.fake_openai import FakeOpenAI
-    from examples.rag.span_tree import print_span_trees, proxy_on_loop
-
-    console = console or Console()
-    agentlightning_crewai.instrument()
-    store = InMemoryLightningStore()
-    chosen = tasks()[:: max(1, len(TICKETS) // n_tasks)][:n_tasks]
-    with FakeOpenAI(reply=fake_reply).serve() as upstream:
-        async with proxy_on_loop(store, upstream.base_url) as (proxy_url, proxy_app):
-            await store.add_resources({"llm": LLM(base_url=proxy_url, model="fake", proxied=True)})
-            trainer = Trainer(store=store, n_runners=2, console=console)
-            rows = await trainer.dev_async(crew_agent, chosen, timeout_s=120)
-            await flush_proxy_spans(proxy_app)
-            trees = await print_span_trees(store, [r.rollout_id for r in rows], console)
-    return rows, trees
+    del run_dir  # nothing to keep: the tickets are in this file
+    return await run_dev(
+        crew_agent, tasks(), fake_reply, n_tasks=n_tasks, instrumentation=agentlightning_crewai, console=console,
+        timeout_s=120,
+    )  # fmt: skip
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options; GPU options are validated here, before anything is built."""
-    parser = argparse.ArgumentParser(description="Train the support desk's specialist (CrewAI) with LightningRL.")
-    parser.add_argument("--dev", action="store_true", help="one pass against the fake upstream; print span trees")
-    parser.add_argument("--model", help="GPU mode: a Hugging Face model id or local path to train")
-    parser.add_argument("--backend", choices=("torch", "verl"), default="torch", help="GPU mode backend")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (CPU default 60, GPU 200)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--run-dir", type=Path, default=None, help="default: runs/crew-<timestamp>")
-    args = parser.parse_args(argv)
-    if args.dev and args.model:
-        parser.error("--dev runs against the fake upstream; it takes no --model")
-    if args.backend == "verl" and not args.model:
-        parser.error("--backend verl trains a real model on GPUs: pass --model PATH (the CPU mode uses torch)")
-    if args.model and not (Path(args.model).exists() or re.fullmatch(r"[\w.-]+/[\w.-]+", args.model)):
-        parser.error(f"--model {args.model!r} is neither a local path nor a Hugging Face id like 'org/name'")
-    if args.steps is not None and args.steps < 1:
-        parser.error("--steps must be at least 1")
-    return args
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run the chosen mode and report validation reward before and after."""
-    args = parse_args(argv)
-    console = Console()
-    if args.dev:
-        asyncio.run(dev_async(console=console))
-        return
-    started = time.perf_counter()
-    if args.model:
-        algorithm = train_gpu(args.model, args.backend, args.steps or 200, args.run_dir, console)
-    else:
-        algorithm = train_cpu(steps=args.steps or 60, seed=args.seed, run_dir=args.run_dir, console=console)
-    val = algorithm.val_history
-    if val:
-        console.print(
-            f"validation routing accuracy (greedy): {val[0][1]:.2f} → {val[-1][1]:.2f} after "
-            f"{len(algorithm.history)} steps in {time.perf_counter() - started:.0f} s"
-        )
-
+# The command line (``examples/_cli.py``): CPU training by default, ``--model`` for a GPU, ``--dev``.
+COMMAND = ExampleCommand(
+    "crew",
+    "Train the support desk's specialist (CrewAI) with LightningRL.",
+    "routing accuracy",
+    60,
+    train_cpu,
+    train_gpu,
+    dev_async,
+)
 
 if __name__ == "__main__":
-    main()
+    COMMAND.main()

@@ -13,17 +13,17 @@ it all.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import re
-import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 import agentlightning_openai_agents
-from agentlightning import LLM, Trainer, emit_reward, rollout
+from agentlightning import LLM, emit_reward, rollout
+from examples import _training
+from examples._cli import ExampleCommand
+from examples._dev import run_dev
+from examples._training import TrainOutcome
 from examples.rag import corpus
 from examples.rag.agent import INSTRUCTIONS, Retriever, Step, answer_question, prompt
 
@@ -63,13 +63,7 @@ def vocabulary() -> tuple[str, ...]:
     """Whole-word tokens for the tiny GPT: every word of the instructions, questions, prompts and passages."""
     texts = [INSTRUCTIONS, prompt("", "unknown", []), "search answer", *corpus.TEMPLATES]
     texts += [p.text for p in WORLD.passages]
-    words: dict[str, None] = {}
-    for text in texts:
-        for word in re.findall(r"[A-Za-z]+", text):
-            if len(word) > 1:
-                words.setdefault(" " + word)
-                words.setdefault(word)
-    return tuple(words)
+    return _training.tiny_gpt_words(texts, spaced=True)
 
 
 def cpu_tasks(max_turns: int = CPU_MAX_TURNS) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -83,70 +77,39 @@ def cpu_tasks(max_turns: int = CPU_MAX_TURNS) -> tuple[list[dict[str, Any]], lis
 
 
 def cpu_config(steps: int, seed: int, run_dir: Path | None = None) -> Any:
-    """The LightningRL settings that learn this task on a CPU (shared/TRAINER.md: K=16, lr 1e-3, 12 tasks/step)."""
-    from agentlightning_trainer import LightningRLConfig, PolicySpec
-
-    return LightningRLConfig(
-        policy=PolicySpec(words=vocabulary(), max_seq_len=160),
-        steps=steps,
-        seed=seed,
-        tasks_per_step=8,
-        samples_per_task=16,
+    """The LightningRL settings that learn this task on a CPU."""
+    return _training.cpu_config(
+        vocabulary(), steps=steps, seed=seed, run_dir=run_dir, max_seq_len=160,
         # Measured on this task (in-process runs of the same decisions): lr 1e-3 with one update per step reached
         # a per-search accuracy of 0.2 in 30 steps; 2e-3 with 32-transition mini-batches (8 updates a step)
-        # reached 0.6. Rollouts (two Agents SDK runs each) cost far more than updates, so squeeze each batch.
-        lr=2e-3,
-        mini_batch_size=32,
-        epochs=2,
-        credit="per_call",
-        max_prompt_tokens=150,
-        max_response_tokens=4,
-        val_every=5,
-        checkpoint_dir=None if run_dir is None else run_dir / "checkpoints",
-        log_dir=None if run_dir is None else run_dir / "tensorboard",
-    )
+        # reached 0.6.
+        lr=2e-3, credit="per_call", max_prompt_tokens=150, max_response_tokens=4, val_every=5,
+    )  # fmt: skip
 
 
 def train_cpu(
-    steps: int = 30, seed: int = 0, runners: int = 96, run_dir: Path | None = None, console: Console | None = None
-) -> Any:
-    """Train the tiny GPT on the CPU task; returns the LightningRL algorithm (``val_history``, ``history``)."""
-    import torch
-
-    from agentlightning_trainer import LightningRL
-
-    torch.set_num_threads(1)  # the policy server, the SDK runs and the learner share two cores
-    agentlightning_openai_agents.instrument()
-    run_dir = run_dir or Path("runs") / time.strftime("rag-%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    algorithm = LightningRL(cpu_config(steps, seed, run_dir), run_dir=run_dir, console=console)
+    steps: int = 30, seed: int = 0, run_dir: Path | None = None, console: Console | None = None, **options: Any
+) -> TrainOutcome:
+    """Train the tiny GPT on the CPU task; returns the outcome (``algorithm.val_history``, ``algorithm.history``)."""
+    run_dir = run_dir or _training.default_run_dir("rag")
     train, val = cpu_tasks()
-    Trainer(algorithm, store=":memory:", n_runners=runners, console=console).fit(rag_agent, train, val)
-    return algorithm
-
-
-def train_gpu(model: str, backend: str, steps: int, run_dir: Path | None, console: Console) -> Any:
-    """Train a Hugging Face model (``model``: id or local path) on a GPU with the torch or verl backend."""
-    from agentlightning_trainer import LightningRL, LightningRLConfig, PolicySpec
-
-    agentlightning_openai_agents.instrument()
-    run_dir = run_dir or Path("runs") / time.strftime("rag-gpu-%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = LightningRLConfig(
-        backend=backend,  # type: ignore[arg-type]  # validated by parse_args
-        policy=PolicySpec(kind="hf", model_name=Path(model).name or model, hf_model=model),
-        steps=steps, samples_per_task=8 if backend == "verl" else 16, lr=1e-6, credit="per_call",
-        max_prompt_tokens=1024, max_response_tokens=48, checkpoint_dir=run_dir / "checkpoints",
+    return _training.fit(
+        cpu_config(steps, seed, run_dir), rag_agent, train, val, instrumentation=agentlightning_openai_agents,
+        run_dir=run_dir, n_runners=96, console=console, **options,
     )  # fmt: skip
-    if backend == "verl":
-        from agentlightning_trainer.verl import VerlLightningRL
 
-        algorithm: Any = VerlLightningRL(config, run_dir=run_dir, console=console)
-    else:
-        algorithm = LightningRL(config, run_dir=run_dir, console=console)
+
+def train_gpu(model: str, *, backend: str, steps: int, seed: int, run_dir: Path, console: Console) -> TrainOutcome:
+    """Train a Hugging Face model (``model``: id or local path) on a GPU with the torch or verl backend."""
+    config = _training.gpu_config(
+        model, backend=backend, steps=steps, seed=seed, run_dir=run_dir, tasks_per_step=12, credit="per_call",
+        max_prompt_tokens=1024, max_response_tokens=48,
+    )  # fmt: skip
     train, val = corpus.split(seed=0)
-    Trainer(algorithm, store=run_dir / "store.db", n_runners=64, console=console).fit(rag_agent, train, val)
-    return algorithm
+    return _training.fit(
+        config, rag_agent, train, val, instrumentation=agentlightning_openai_agents, run_dir=run_dir,
+        store=str(run_dir / "store.db"), console=console,
+    )  # fmt: skip
 
 
 def fake_reply(request: Any) -> Any:
@@ -160,68 +123,27 @@ def fake_reply(request: Any) -> Any:
     return FakeReply(text=f"search {chain[hops]}" if hops < len(chain) else "answer")
 
 
-async def dev_async(n_tasks: int = 2, console: Console | None = None) -> tuple[list[Any], list[Any]]:
+async def dev_async(
+    n_tasks: int = 2, *, run_dir: Path | None = None, console: Console | None = None
+) -> tuple[list[Any], list[Any]]:
     """Run ``n_tasks`` questions once against the fake upstream through the LLM proxy; print each span tree."""
-    from agentlightning.proxy import flush_proxy_spans
-    from agentlightning.store import InMemoryLightningStore
-    from agentlightning.testing.fake_openai import FakeOpenAI
-    from examples.rag.span_tree import print_span_trees, proxy_on_loop
-
-    console = console or Console()
-    agentlightning_openai_agents.instrument()
-    store = InMemoryLightningStore()
-    every = corpus.questions(WORLD)
-    tasks = every[:: max(1, len(every) // n_tasks)][:n_tasks]  # spread over the templates: 2- and 3-hop chains
-    with FakeOpenAI(reply=fake_reply).serve() as upstream:
-        async with proxy_on_loop(store, upstream.base_url) as (proxy_url, proxy_app):
-            await store.add_resources({"llm": LLM(base_url=proxy_url, model="fake", proxied=True)})
-            trainer = Trainer(store=store, n_runners=2, console=console)
-            rows = await trainer.dev_async(rag_agent, tasks, timeout_s=60)
-            await flush_proxy_spans(proxy_app)
-            trees = await print_span_trees(store, [r.rollout_id for r in rows], console)
-    return rows, trees
+    del run_dir  # nothing to keep: the corpus is generated in memory
+    return await run_dev(  # spread over the templates: 2- and 3-hop chains
+        rag_agent, corpus.questions(WORLD), fake_reply, n_tasks=n_tasks, instrumentation=agentlightning_openai_agents,
+        console=console,
+    )  # fmt: skip
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options; GPU options are validated here, before anything is built."""
-    parser = argparse.ArgumentParser(description="Train the multi-hop RAG agent (OpenAI Agents SDK) with LightningRL.")
-    parser.add_argument("--dev", action="store_true", help="one pass against the fake upstream; print span trees")
-    parser.add_argument("--model", help="GPU mode: a Hugging Face model id or local path to train")
-    parser.add_argument("--backend", choices=("torch", "verl"), default="torch", help="GPU mode backend")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (CPU default 30, GPU 200)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--run-dir", type=Path, default=None, help="default: runs/rag-<timestamp>")
-    args = parser.parse_args(argv)
-    if args.dev and args.model:
-        parser.error("--dev runs against the fake upstream; it takes no --model")
-    if args.backend == "verl" and not args.model:
-        parser.error("--backend verl trains a real model on GPUs: pass --model PATH (the CPU mode uses torch)")
-    if args.model and not (Path(args.model).exists() or re.fullmatch(r"[\w.-]+/[\w.-]+", args.model)):
-        parser.error(f"--model {args.model!r} is neither a local path nor a Hugging Face id like 'org/name'")
-    if args.steps is not None and args.steps < 1:
-        parser.error("--steps must be at least 1")
-    return args
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Run the chosen mode and report validation reward before and after."""
-    args = parse_args(argv)
-    console = Console()
-    if args.dev:
-        asyncio.run(dev_async(console=console))
-        return
-    started = time.perf_counter()
-    if args.model:
-        algorithm = train_gpu(args.model, args.backend, args.steps or 200, args.run_dir, console)
-    else:
-        algorithm = train_cpu(steps=args.steps or 30, seed=args.seed, run_dir=args.run_dir, console=console)
-    val = algorithm.val_history
-    if val:
-        console.print(
-            f"validation answer F1 (greedy): {val[0][1]:.2f} → {val[-1][1]:.2f} after {len(algorithm.history)} steps "
-            f"in {time.perf_counter() - started:.0f} s"
-        )
-
+# The command line (``examples/_cli.py``): CPU training by default, ``--model`` for a GPU, ``--dev``.
+COMMAND = ExampleCommand(
+    "rag",
+    "Train the multi-hop RAG agent (OpenAI Agents SDK) with LightningRL.",
+    "answer F1",
+    30,
+    train_cpu,
+    train_gpu,
+    dev_async,
+)
 
 if __name__ == "__main__":
-    main()
+    COMMAND.main()

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from examples.calc import problems
 from examples.calc.agent import calculate, problem_numbers
-from examples.calc.train import dev_async, exact_answer, gpu_config, parse_args
+from examples.calc.train import COMMAND, dev_async, exact_answer, gpu_config
 
 
 def test_dev_mode_prints_agent_tool_and_llm_spans() -> None:
@@ -52,7 +52,7 @@ def test_calculator_reads_leniently() -> None:
 
 def test_bad_arguments_are_refused_before_any_work(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
-        parse_args(["--backend", "verl"])
+        COMMAND.parse_args(["--backend", "verl"])
     assert "pass --model" in capsys.readouterr().err
     config = gpu_config("org/model", backend="torch", steps=3, run_dir=tmp_path)
     assert config.policy.kind == "hf" and config.policy.hf_model == "org/model"

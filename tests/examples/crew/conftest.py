@@ -23,9 +23,10 @@ _CREWAI_WARNINGS = ("ignore::DeprecationWarning:crewai",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Apply the filters above to this directory's tests only."""
+    """Apply the filters above to this directory's tests only, and mark them as the crewai environment's."""
     here = __file__.rsplit("/", 1)[0]
     for item in items:
         if str(item.path).startswith(here):
+            item.add_marker(pytest.mark.crewai)
             for spec in _CREWAI_WARNINGS:
                 item.add_marker(pytest.mark.filterwarnings(spec))

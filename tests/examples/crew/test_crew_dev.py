@@ -11,7 +11,7 @@ from rich.console import Console
 import agentlightning_crewai
 from agentlightning.adapter import TraceAdapter, find_llm_calls
 from examples.crew.agent import TeamDirectoryTool, routed_team
-from examples.crew.train import TRAINED_AGENTS, dev_async, parse_args
+from examples.crew.train import COMMAND, TRAINED_AGENTS, dev_async
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +50,8 @@ def test_only_the_specialist_calls_become_transitions() -> None:
     from agentlightning.testing.fake_openai import FakeOpenAI
     from agentlightning.trainer import Trainer
     from agentlightning.types import LLM
+    from examples._dev import proxy_on_loop
     from examples.crew.train import crew_agent, fake_reply, tasks
-    from examples.rag.span_tree import proxy_on_loop
 
     async def run() -> None:
         store = InMemoryLightningStore()
@@ -96,5 +96,5 @@ def test_tool_and_routing() -> None:
 )
 def test_gpu_options_are_validated(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        parse_args(argv)
+        COMMAND.parse_args(argv)
     assert message in capsys.readouterr().err

@@ -5,18 +5,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import agentlightning_crewai
 from agentlightning.adapter import find_llm_calls
 from agentlightning.store.sqlite import SqliteLightningStore
 from examples.crew.train import train_cpu
 
 
 def test_training_step_uses_only_specialist_calls(tmp_path: Path) -> None:
-    try:
-        algorithm = train_cpu(steps=1, seed=0, run_dir=tmp_path, store=str(tmp_path / "store.db"))
-    finally:
-        agentlightning_crewai.uninstrument()
-    (step,) = algorithm.history
+    outcome = train_cpu(steps=1, seed=0, run_dir=tmp_path, store=str(tmp_path / "store.db"), show_progress=False)
+    (step,) = outcome.algorithm.history
     assert step.failed_rollouts == 0 and not step.skipped
 
     async def calls_by_agent() -> dict[str, int]:

@@ -6,7 +6,7 @@ import pytest
 
 from examples.rag import corpus
 from examples.rag.agent import Retriever, parse_action
-from examples.rag.train import cpu_tasks, parse_args, vocabulary
+from examples.rag.train import COMMAND, cpu_tasks, vocabulary
 
 
 def test_questions_follow_their_chains_and_validation_is_held_out() -> None:
@@ -71,10 +71,10 @@ def test_cpu_tasks_fit_the_tiny_policy() -> None:
 )
 def test_gpu_options_are_validated(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        parse_args(argv)
+        COMMAND.parse_args(argv)
     assert message in capsys.readouterr().err
 
 
 def test_gpu_options_accepted() -> None:
-    args = parse_args(["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--backend", "torch"])
+    args = COMMAND.parse_args(["--model", "Qwen/Qwen2.5-1.5B-Instruct", "--backend", "torch"])
     assert args.model == "Qwen/Qwen2.5-1.5B-Instruct" and args.backend == "torch"

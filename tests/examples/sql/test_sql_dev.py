@@ -12,7 +12,7 @@ from rich.console import Console
 
 from examples.sql import data
 from examples.sql.agent import compile_sketch, extract_sql, is_approved
-from examples.sql.train import CPU_SKETCHES, cpu_tasks, dev_async, gpu_config, parse_args
+from examples.sql.train import COMMAND, CPU_SKETCHES, cpu_tasks, dev_async, gpu_config
 
 
 def test_dev_mode_prints_every_agent_tool_and_llm_span(tmp_path: Path) -> None:
@@ -84,7 +84,7 @@ def test_bad_arguments_are_refused_before_any_work(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit):
-        parse_args(argv)
+        COMMAND.parse_args(argv)
     assert message in capsys.readouterr().err
 
 
