@@ -11,6 +11,7 @@ from agentlightning import semconv as sc
 from agentlightning.adapter import TraceAdapter
 from agentlightning.store import InMemoryLightningStore
 from agentlightning.trainer import Trainer
+from agentlightning.types import LLM
 from agentlightning_trainer import tool_choice
 from agentlightning_trainer.config import LightningRLConfig, PolicySpec
 from agentlightning_trainer.lightning_rl import LightningRL
@@ -93,3 +94,49 @@ def test_lightning_rl_resumes_from_its_checkpoint(tool_spec: PolicySpec, tmp_pat
     assert [m.step for m in resumed.history] == [3]
     assert resumed.version == 3
     assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.timeout(180)
+def test_with_a_sqlite_store_the_proxy_runs_in_the_policy_server_process(
+    tool_spec: PolicySpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentlightning.store.sqlite import SqliteLightningStore
+    from agentlightning_trainer import lightning_rl
+
+    async def no_local_proxy(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the proxy was served in the trainer's process, not the policy server's")
+
+    monkeypatch.setattr(lightning_rl, "start_proxy", no_local_proxy)
+    config = LightningRLConfig(policy=tool_spec, steps=2, tasks_per_step=3, samples_per_task=2, seed=0)
+    algorithm = LightningRL(config, run_dir=tmp_path, show_progress=False)
+    Trainer(algorithm, store=tmp_path / "store.db", n_runners=4).fit(tool_choice_agent, tool_choice.tasks())
+
+    assert algorithm.version == 2
+    assert all(m.transitions == 6 and m.failed_rollouts == 0 for m in algorithm.history)
+
+    import asyncio
+
+    async def inspect() -> tuple[str, list[int]]:
+        store = SqliteLightningStore(tmp_path / "store.db")
+        try:
+            snapshot = await store.get_resources()
+            assert snapshot is not None
+            versions: list[int] = []
+            for rollout in await store.query_rollouts():
+                for span in await store.query_spans(rollout.rollout_id, "latest"):
+                    if span.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OP_CHAT:
+                        assert span.attributes[sc.PROMPT_TOKEN_IDS] and span.attributes[sc.RESPONSE_TOKEN_IDS]
+                        version = span.attributes[sc.POLICY_VERSION]
+                        assert isinstance(version, int)
+                        versions.append(version)
+            llm = snapshot.resources["llm"]
+            assert isinstance(llm, LLM)
+            return llm.base_url, sorted(versions)
+        finally:
+            await store.close()
+
+    proxy_url, versions = asyncio.run(inspect())
+    assert versions == [0] * 6 + [1] * 6
+    assert proxy_url.startswith("http://127.0.0.1:")
+    log = (tmp_path / "policy_server.log").read_text()
+    assert "Traceback" not in log, log

@@ -12,7 +12,7 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from agentlightning.store.base import LightningStore
 from agentlightning.types import (
@@ -44,6 +44,20 @@ class RolloutOutcome:
     def task(self) -> Any:
         """The task the rollout ran on."""
         return self.rollout.input
+
+
+class ProxyEndpoint(Protocol):
+    """An LLM proxy the trainers point agents at, wherever it runs (this event loop or the policy server process)."""
+
+    url: str
+
+    async def flush(self) -> None:
+        """Wait until every call recorded so far is in the store."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop serving (idempotent)."""
+        ...
 
 
 @dataclass
@@ -184,7 +198,7 @@ async def run_batch(
 async def run_policy_batch(
     store: LightningStore,
     tasks: Sequence[Any],
-    proxy: ServedProxy,
+    proxy: ProxyEndpoint,
     llm: LLM,
     *,
     mode: RolloutMode,

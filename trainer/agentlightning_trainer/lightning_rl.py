@@ -22,7 +22,7 @@ from rich.console import Console
 from agentlightning.store.base import LightningStore
 from agentlightning.types import Rollout, RolloutMode, Transition
 from agentlightning_trainer.batches import (
-    ServedProxy,
+    ProxyEndpoint,
     StepBatch,
     collect_batch,
     mean_reward,
@@ -34,7 +34,7 @@ from agentlightning_trainer.batches import (
 from agentlightning_trainer.config import LightningRLConfig
 from agentlightning_trainer.inprocess import as_rng_state, pick_tasks, with_advantages
 from agentlightning_trainer.metrics import MetricsLogger, StepMetrics, group_summary
-from agentlightning_trainer.served_policy import ServedPolicyAlgorithm
+from agentlightning_trainer.served_policy import CoHostedProxy, ServedPolicyAlgorithm, store_file
 from agentlightning_trainer.torch_backend.learner import TorchLearner
 
 logger = logging.getLogger(__name__)
@@ -107,8 +107,11 @@ class LightningRL(ServedPolicyAlgorithm):
                 ema = float(extra.get("ema", 0.0))
                 self.version = int(extra.get("version", start_step))
                 rng.setstate(as_rng_state(extra["task_rng"]))
+        serve = self.upstream_url is None
+        # A SQLite store can be opened by the policy server process too: the proxy then runs there, beside
+        # generation, rather than on this process's interpreter, which also runs the runners and the learner.
         weights, server = await self._publish_initial_weights(
-            learner, run_dir, seed=cfg.seed, serve=self.upstream_url is None
+            learner, run_dir, seed=cfg.seed, serve=serve, proxy_store=store_file(store) if serve else None
         )
 
         async def update(transitions: list[Transition]) -> dict[str, float]:
@@ -121,9 +124,12 @@ class LightningRL(ServedPolicyAlgorithm):
                 state = {"ema": ema, "version": self.version, "task_rng": rng.getstate()}
                 await asyncio.to_thread(learner.save_checkpoint, cfg.checkpoint_dir, step, state)
 
-        proxy: ServedProxy | None = None
+        proxy: ProxyEndpoint | None = None
         try:
-            proxy = await start_proxy(store, self.upstream_url or (server.base_url if server else ""))
+            if server is not None and server.proxy_url is not None:
+                proxy = CoHostedProxy(server.proxy_url, server)
+            else:
+                proxy = await start_proxy(store, self.upstream_url or (server.base_url if server else ""))
             await self._train_steps(
                 store, train_tasks, val_tasks, proxy, update,
                 rng=rng, start_step=start_step, ema=ema, on_step_end=checkpoint,
@@ -139,7 +145,7 @@ class LightningRL(ServedPolicyAlgorithm):
         store: LightningStore,
         train_tasks: Sequence[Any],
         val_tasks: Sequence[Any] | None,
-        proxy: ServedProxy,
+        proxy: ProxyEndpoint,
         update: UpdateFn,
         *,
         rng: random.Random,
@@ -204,7 +210,7 @@ class LightningRL(ServedPolicyAlgorithm):
                     break
 
     async def _run_rollouts(
-        self, store: LightningStore, tasks: Sequence[Any], mode: RolloutMode, proxy: ServedProxy, step: int
+        self, store: LightningStore, tasks: Sequence[Any], mode: RolloutMode, proxy: ProxyEndpoint, step: int
     ) -> list[Rollout]:
         """One batch with the current weights: K samples per task when training, one greedy sample when validating."""
         cfg = self.config
@@ -215,7 +221,7 @@ class LightningRL(ServedPolicyAlgorithm):
             group_prefix=f"{mode}-s{step}", timeout_s=cfg.rollout_timeout_s,
         )  # fmt: skip
 
-    async def _validate(self, store: LightningStore, tasks: Sequence[Any], proxy: ServedProxy) -> float:
+    async def _validate(self, store: LightningStore, tasks: Sequence[Any], proxy: ProxyEndpoint) -> float:
         """Mean final reward of one greedy (temperature 0) rollout per validation task; failures count as 0."""
         rollouts = await self._run_rollouts(store, tasks, "val", proxy, len(self.history))
         return mean_reward(await read_outcomes(store, rollouts, None))

@@ -6,6 +6,11 @@ response has the header ``x-agentlightning-policy-version``. Concurrent requests
 The trainer publishes new weights with ``POST /admin/weights`` (a state-dict file and its version); the swap happens
 between batches, so no response mixes two versions. Bind it to loopback only: the admin endpoint loads files.
 
+With ``--proxy-store`` the same process also serves the LLM proxy (on ``--proxy-port``, forwarding to this server)
+and records its spans into that SQLite store: the proxy's per-call work (parsing, span building, store writes) then
+runs beside generation instead of in the trainer's process, whose one interpreter also runs the runners and the
+learner (bench/learning.py: the HTTP loop is bound by that process's CPU).
+
 Run: ``python -m agentlightning_trainer.policy_server --spec spec.json --weights w.pt --port 8000``.
 """
 
@@ -16,12 +21,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -148,10 +154,16 @@ def create_policy_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        return JSONResponse(
-            {"status": "ok", "model": model_name, "policy_version": batcher.version, "batches": batcher.batches},
-            headers=headers(),
-        )
+        body: dict[str, Any] = {
+            "status": "ok",
+            "model": model_name,
+            "policy_version": batcher.version,
+            "batches": batcher.batches,
+        }
+        proxy_server = getattr(app.state, "proxy_server", None)
+        if proxy_server is not None:
+            body["proxy_ready"] = bool(proxy_server.started)
+        return JSONResponse(body, headers=headers())
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -290,8 +302,13 @@ class PolicyServerProcess:
         threads: int = 1,
         startup_timeout_s: float = 120.0,
         log_file: Path | None = None,
+        proxy_store: Path | None = None,
     ) -> None:
-        """Remember how to start the server; :meth:`start` (or ``with``) launches it."""
+        """Remember how to start the server; :meth:`start` (or ``with``) launches it.
+
+        ``proxy_store``: a SQLite store file; the process then also serves the LLM proxy in front of the policy
+        (see :attr:`proxy_url`), recording into that store.
+        """
         self.spec = spec
         self.weights = weights
         self.version = version
@@ -300,7 +317,10 @@ class PolicyServerProcess:
         self.threads = threads
         self.startup_timeout_s = startup_timeout_s
         self.log_file = log_file
+        self.proxy_store = proxy_store
+        self.proxy_port = free_port() if proxy_store is not None else None
         self._proc: subprocess.Popen[bytes] | None = None
+        self._client: httpx.Client | None = None
 
     @property
     def root_url(self) -> str:
@@ -312,6 +332,11 @@ class PolicyServerProcess:
         """The OpenAI base URL (``.../v1``)."""
         return self.root_url + "/v1"
 
+    @property
+    def proxy_url(self) -> str | None:
+        """``http://127.0.0.1:<proxy port>``, the LLM proxy this process serves; None without ``proxy_store``."""
+        return None if self.proxy_port is None else f"http://127.0.0.1:{self.proxy_port}"
+
     def start(self) -> PolicyServerProcess:
         """Launch the child process and wait until ``/health`` answers."""
         spec_file = self.weights.with_name("policy_spec.json")
@@ -321,6 +346,8 @@ class PolicyServerProcess:
             "--spec", str(spec_file), "--weights", str(self.weights), "--version", str(self.version),
             "--port", str(self.port), "--seed", str(self.seed), "--threads", str(self.threads),
         ]  # fmt: skip
+        if self.proxy_store is not None:
+            cmd += ["--proxy-store", str(self.proxy_store), "--proxy-port", str(self.proxy_port)]
         if self.log_file is not None:
             with open(self.log_file, "ab") as out:  # the child keeps its own copy of the descriptor
                 self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -332,7 +359,10 @@ class PolicyServerProcess:
                 where = f"; see {self.log_file}" if self.log_file else ""
                 raise RuntimeError(f"the policy server exited with code {self._proc.returncode} at startup{where}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.root_url + "/health", timeout=2.0).status_code == 200:
+                health = httpx.get(self.root_url + "/health", timeout=2.0)
+                if health.status_code == 200 and health.json().get("proxy_ready", True):
+                    # One keep-alive connection for every publish: a new client per call costs an SSL context.
+                    self._client = httpx.Client(timeout=120.0)
                     return self
             time.sleep(0.2)
         self.stop()
@@ -340,17 +370,32 @@ class PolicyServerProcess:
 
     async def publish(self, weights: Path, version: int) -> int:
         """Tell the server to load ``weights`` as ``version``; returns the version it now serves."""
-        async with httpx.AsyncClient(timeout=120.0) as client:
-            response = await client.post(
-                self.root_url + "/admin/weights", json={"path": str(weights), "version": version}
-            )
+        response = await asyncio.to_thread(
+            self._http().post, self.root_url + "/admin/weights", json={"path": str(weights), "version": version}
+        )
         if response.status_code != 200:
             raise RuntimeError(f"the policy server refused weights {weights}: {response.text}")
         self.version = int(response.json()["policy_version"])
         return self.version
 
+    async def flush_proxy(self) -> None:
+        """Wait until every call the co-hosted LLM proxy has answered so far is in the store."""
+        if self.proxy_store is None:
+            return
+        response = await asyncio.to_thread(self._http().post, self.root_url + "/admin/proxy/flush")
+        if response.status_code != 200:
+            raise RuntimeError(f"the policy server could not flush its LLM proxy: {response.text}")
+
+    def _http(self) -> httpx.Client:
+        if self._client is None:
+            raise RuntimeError("the policy server is not running: call start() first")
+        return self._client
+
     def stop(self) -> None:
-        """Terminate the child process (idempotent)."""
+        """Terminate the child process (idempotent); the co-hosted proxy writes its pending spans first."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
         if self._proc is None:
             return
         if self._proc.poll() is None:
@@ -373,10 +418,49 @@ class PolicyServerProcess:
         self.stop()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command-line entry point of the policy server process."""
+def _uvicorn_server(app: Any, host: str, port: int) -> Any:
+    """A uvicorn server that leaves signals to :func:`_serve_all` (two servers share one process and loop)."""
     import uvicorn
 
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield  # _serve_all stops every server of the process on SIGTERM/SIGINT
+
+    return _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+
+
+async def _serve_all(servers: list[Any]) -> None:
+    """Serve every uvicorn server on this loop until SIGTERM/SIGINT, then shut them all down (lifespans run)."""
+    loop = asyncio.get_running_loop()
+
+    def stop_all() -> None:
+        for server in servers:
+            server.should_exit = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_all)
+    await asyncio.gather(*(server.serve() for server in servers))
+
+
+def _add_proxy(app: FastAPI, store_path: str, upstream: str) -> Any:
+    """The LLM proxy app in front of ``upstream`` recording into the SQLite store at ``store_path``; ``app`` gets
+    ``POST /admin/proxy/flush`` and reports ``proxy_ready`` on ``/health`` once the proxy serves."""
+    from agentlightning.proxy import create_proxy_app, flush_proxy_spans
+    from agentlightning.store.sqlite import SqliteLightningStore
+
+    proxy_app = create_proxy_app(SqliteLightningStore(store_path), upstream)
+
+    @app.post("/admin/proxy/flush")
+    async def flush_proxy() -> JSONResponse:
+        await flush_proxy_spans(proxy_app)
+        return JSONResponse({"flushed": True})
+
+    return proxy_app
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point of the policy server process."""
     parser = argparse.ArgumentParser(description="Serve a policy over the OpenAI chat completions API.")
     parser.add_argument("--spec", required=True, help="PolicySpec JSON file")
     parser.add_argument("--weights", help="state-dict file to load at startup")
@@ -385,6 +469,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--proxy-store", help="also serve the LLM proxy, recording into this SQLite store file")
+    parser.add_argument("--proxy-port", type=int, default=4748, help="port of the LLM proxy (with --proxy-store)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     spec = PolicySpec.model_validate_json(Path(args.spec).read_text())
@@ -393,7 +479,12 @@ def main(argv: list[str] | None = None) -> None:
         policy.module.load_state_dict(torch.load(args.weights, weights_only=True))
     policy.module.eval()
     app = create_policy_app(policy, version=args.version, seed=args.seed)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    servers = [_uvicorn_server(app, args.host, args.port)]
+    if args.proxy_store:
+        proxy_app = _add_proxy(app, args.proxy_store, f"http://127.0.0.1:{args.port}/v1")
+        servers.append(_uvicorn_server(proxy_app, "127.0.0.1", args.proxy_port))
+        app.state.proxy_server = servers[1]
+    asyncio.run(_serve_all(servers))
 
 
 if __name__ == "__main__":

@@ -9,16 +9,40 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from agentlightning.algorithm import Algorithm
+from agentlightning.store.base import LightningStore
 from agentlightning_trainer.config import PolicySpec
 from agentlightning_trainer.policy_server import PolicyServerProcess
 from agentlightning_trainer.torch_backend.learner import TorchLearner, load_initial_weights
 from agentlightning_trainer.torch_backend.policy import Policy
+
+
+@dataclass
+class CoHostedProxy:
+    """The LLM proxy served by the policy server process (``PolicyServerProcess(proxy_store=...)``)."""
+
+    url: str
+    server: PolicyServerProcess
+
+    async def flush(self) -> None:
+        """Wait until every call the proxy has answered so far is in the store."""
+        await self.server.flush_proxy()
+
+    async def stop(self) -> None:
+        """Nothing to do: the proxy stops with its policy server."""
+
+
+def store_file(store: LightningStore) -> Path | None:
+    """The file of a SQLite store, which another process can open too; None for any other store."""
+    from agentlightning.store.sqlite import SqliteLightningStore
+
+    return Path(store.path) if isinstance(store, SqliteLightningStore) else None
 
 
 class ServedPolicyAlgorithm(Algorithm):
@@ -54,16 +78,19 @@ class ServedPolicyAlgorithm(Algorithm):
         return run_dir, policy
 
     async def _publish_initial_weights(
-        self, learner: TorchLearner, run_dir: Path, *, seed: int, serve: bool = True
+        self, learner: TorchLearner, run_dir: Path, *, seed: int, serve: bool = True, proxy_store: Path | None = None
     ) -> tuple[Path, PolicyServerProcess | None]:
-        """Write the learner's weights to ``run_dir/weights.pt`` and, with ``serve``, start a policy server on them."""
+        """Write the learner's weights to ``run_dir/weights.pt`` and, with ``serve``, start a policy server on them.
+
+        With ``proxy_store`` (a SQLite store file) the server process also serves the LLM proxy into that store.
+        """
         weights = run_dir / "weights.pt"
         learner.save_weights(weights)
         if not serve:
             return weights, None
         server = PolicyServerProcess(
             learner.policy.spec, weights, version=self.version, seed=seed, threads=self.n_server_threads,
-            log_file=run_dir / "policy_server.log",
+            log_file=run_dir / "policy_server.log", proxy_store=proxy_store,
         )  # fmt: skip
         await asyncio.to_thread(server.start)
         return weights, server
