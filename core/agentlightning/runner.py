@@ -311,15 +311,16 @@ class Runner:
             await self.run_attempt(claimed, worker_id)
 
     async def _claim(self, worker_id: str, stop_event: _Flag | None) -> ClaimedRollout | None:
-        """Claim one rollout; idle workers wait their turn here, so only one of them polls the store at a time.
+        """Claim one rollout: at once if one is waiting, else wait for one, one idle worker at a time.
 
-        Without the gate every idle worker polls (a local store re-checks on every change and every 20 ms): 48 idle
-        workers cost thousands of queries a second on the event loop while the learner updates in the same process.
+        Idle workers take turns at the gate because every waiting claim polls (a local store re-checks on every
+        change and every 20 ms): 48 idle workers each polling cost thousands of queries a second on the event loop,
+        while the learner updates in the same process (bench/learning.py). Claims while work is queued don't wait.
         """
-        gate = self._claim_gate
-        if gate is None:  # run_attempt-only use, outside run()
-            return await self.store.claim_rollout(worker_id, timeout_s=self.poll_interval_s)
-        async with gate:
+        claimed = await self.store.claim_rollout(worker_id)
+        if claimed is not None or self._claim_gate is None:
+            return claimed
+        async with self._claim_gate:
             if self._stopping(stop_event):
                 return None
             return await self.store.claim_rollout(worker_id, timeout_s=self.poll_interval_s)
