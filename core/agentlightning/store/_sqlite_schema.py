@@ -9,7 +9,8 @@ from typing import Any, Final
 
 import orjson
 
-from agentlightning.types import Attempt, Rollout, RolloutConfig
+from agentlightning.store._statemachine import construct
+from agentlightning.types import Attempt, Rollout, RolloutConfig, Span, SpanEvent, SpanLink, SpanStatus
 
 # (version, description, SQL statements separated by ";"). Append new migrations; never edit a released one.
 MIGRATIONS: Final[tuple[tuple[int, str, str], ...]] = (
@@ -72,30 +73,139 @@ def dumps_json(value: Any, what: str) -> bytes:
         raise ValueError(f"{what} must be JSON-serialisable to be stored in SQLite: {exc}") from exc
 
 
-def rollout_from_row(row: tuple[Any, ...]) -> Rollout:
-    """A Rollout from a ``SELECT ROLLOUT_COLUMNS`` row."""
-    # model_construct: every row was validated on its way in.
-    fields = dict(zip(ROLLOUT_FIELDS, row, strict=True))
-    fields["input"] = orjson.loads(row[5])
-    fields["config"] = config_from_json(row[6])
-    fields["metadata"] = orjson.loads(row[7])
-    return Rollout.model_construct(**fields)
+def rollout_from_row(row: Sequence[Any]) -> Rollout:
+    """A Rollout from a ``SELECT ROLLOUT_COLUMNS`` row (validated on its way in, so not validated again)."""
+    return construct(
+        Rollout,
+        {
+            "rollout_id": row[0],
+            "status": row[1],
+            "mode": row[2],
+            "group_id": row[3],
+            "resources_id": row[4],
+            "input": orjson.loads(row[5]),
+            "config": config_from_json(row[6]),
+            "metadata": orjson.loads(row[7]),
+            "enqueue_time": row[8],
+            "start_time": row[9],
+            "end_time": row[10],
+            "num_attempts": row[11],
+        },
+    )
 
 
-def attempt_from_row(row: tuple[Any, ...]) -> Attempt:
+def attempt_from_row(row: Sequence[Any]) -> Attempt:
     """An Attempt from a ``SELECT ATTEMPT_COLUMNS`` row (validated on its way in)."""
-    return Attempt.model_construct(**dict(zip(ATTEMPT_FIELDS, row, strict=True)))
+    return construct(Attempt, dict(zip(ATTEMPT_FIELDS, row, strict=True)))
+
+
+# --- span JSON ---------------------------------------------------------------------------------------------------
+# A span is stored as the JSON of its model. orjson over the fields writes the same JSON as pydantic's serializer for
+# a validated span (the models have no aliases or custom serializers; tests/core/store/test_fast_paths.py checks) in
+# a fraction of the time, and reading it back into models without validating it again is several times cheaper
+# than ``model_validate_json``: ingest and span queries were dominated by these two steps.
+#
+# The storage class tells the two apart: JSON written by orjson is stored as TEXT and read back without validation;
+# anything else (rows written before, or by pydantic for what orjson refuses) is a BLOB and is validated. orjson
+# writes integers only within 64 bits and would read larger ones back as floats, so only its own rows are trusted.
+_SPAN_KEYS: Final = frozenset(Span.model_fields)
+_STATUS_KEYS: Final = frozenset(SpanStatus.model_fields)
+_EVENT_KEYS: Final = frozenset(SpanEvent.model_fields)
+_LINK_KEYS: Final = frozenset(SpanLink.model_fields)
+_NESTED_MODELS: Final = frozenset({SpanStatus, SpanEvent, SpanLink})
+
+
+def _model_fields(value: object) -> dict[str, Any]:
+    """orjson's hook for the nested models of a span (status, events, links); anything else goes to pydantic."""
+    if type(value) in _NESTED_MODELS:
+        return vars(value)
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+def span_to_json(span: Span) -> str | bytes:
+    """The stored JSON of a span: text from orjson, or bytes from pydantic for what orjson cannot write."""
+    try:
+        return orjson.dumps(span.__dict__, default=_model_fields).decode()
+    except TypeError:  # e.g. an integer beyond 64 bits
+        return span.__pydantic_serializer__.to_json(span)
+
+
+def span_from_json(data: str | bytes) -> Span:
+    """A Span from its stored JSON: built without validation from text :func:`span_to_json` wrote."""
+    if isinstance(data, str):
+        fields: dict[str, Any] = orjson.loads(data)
+        status: dict[str, Any] = fields.get("status") or {}
+        events: list[dict[str, Any]] = fields.get("events") or []
+        links: list[dict[str, Any]] = fields.get("links") or []
+        if (
+            fields.keys() == _SPAN_KEYS
+            and status.keys() == _STATUS_KEYS
+            and all(event.keys() == _EVENT_KEYS for event in events)
+            and all(link.keys() == _LINK_KEYS for link in links)
+        ):
+            fields["status"] = construct(SpanStatus, status)
+            fields["events"] = [construct(SpanEvent, event) for event in events]
+            fields["links"] = [construct(SpanLink, link) for link in links]
+            return construct(Span, fields)
+    return Span.model_validate_json(data)
+
+
+# --- state machine rows ------------------------------------------------------------------------------------------
+_ROLLOUT_WITH_ATTEMPTS: Final = (
+    f"SELECT {', '.join(f'r.{c}' for c in ROLLOUT_FIELDS)}, {', '.join(f'a.{c}' for c in ATTEMPT_FIELDS)} "
+    "FROM rollouts r LEFT JOIN attempts a ON a.rollout_id = r.rollout_id WHERE r.rollout_id = ? ORDER BY a.sequence_id"
+)
+# The latest snapshot comes with the claimed rollout: a claim without resources_id records it.
+_FIRST_CLAIMABLE: Final = (
+    f"SELECT {ROLLOUT_COLUMNS}, (SELECT resources_id FROM resources ORDER BY version DESC LIMIT 1) FROM rollouts "
+    "WHERE status IN ('queuing', 'requeuing') ORDER BY seq LIMIT 1"
+)
+_INSERT_ROLLOUT: Final = f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+_UPDATE_ROLLOUT: Final = (
+    "UPDATE rollouts SET status = ?, metadata = ?, start_time = ?, end_time = ?, num_attempts = ? WHERE rollout_id = ?"
+)
+_INSERT_ATTEMPT: Final = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)"
+_UPDATE_ATTEMPT: Final = (
+    "UPDATE attempts SET status = ?, end_time = ?, last_heartbeat_time = ?, error = ? WHERE attempt_id = ?"
+)
 
 
 class SqliteTxn:
-    """SQL row access for the shared state machine, inside a ``BEGIN IMMEDIATE`` transaction."""
+    """SQL row access for the shared state machine, inside one transaction (or one read under the store lock).
+
+    A rollout is read together with its attempts in one query and kept until :meth:`reset` (the store calls it when
+    it takes its lock), so an op that reads the rollout, its attempt and the attempt list costs one statement.
+    """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
+        self._rollouts: dict[str, Rollout | None] = {}
+        self._attempts: dict[str, list[Attempt]] = {}
+        self._latest_resources: tuple[str | None] | None = None
+
+    def reset(self) -> None:
+        """Forget rows read so far: another connection may change them once this transaction ends."""
+        if self._rollouts:
+            self._rollouts = {}
+            self._attempts = {}
+        self._latest_resources = None
+
+    def _load(self, rollout_id: str) -> Rollout | None:
+        rows = self.conn.execute(_ROLLOUT_WITH_ATTEMPTS, (rollout_id,)).fetchall()
+        if not rows:
+            self._rollouts[rollout_id] = None
+            self._attempts[rollout_id] = []
+            return None
+        split = len(ROLLOUT_FIELDS)
+        rollout = rollout_from_row(rows[0])
+        self._rollouts[rollout_id] = rollout
+        self._attempts[rollout_id] = [attempt_from_row(row[split:]) for row in rows if row[split] is not None]
+        return rollout
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
-        row = self.conn.execute(f"{SELECT_ROLLOUT} WHERE rollout_id = ?", (rollout_id,)).fetchone()
-        return None if row is None else rollout_from_row(row)
+        if rollout_id in self._rollouts:
+            return self._rollouts[rollout_id]
+        return self._load(rollout_id)
 
     def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None:
         rows = [
@@ -115,12 +225,15 @@ class SqliteTxn:
             )
             for r in rollouts
         ]
-        self.conn.executemany(f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+        self.conn.executemany(_INSERT_ROLLOUT, rows)
+        if self._rollouts:
+            for r in rollouts:
+                self._rollouts.pop(r.rollout_id, None)
+                self._attempts.pop(r.rollout_id, None)
 
     def update_rollout(self, rollout: Rollout) -> None:
         self.conn.execute(
-            "UPDATE rollouts SET status = ?, metadata = ?, start_time = ?, end_time = ?, num_attempts = ? "
-            "WHERE rollout_id = ?",
+            _UPDATE_ROLLOUT,
             (
                 rollout.status,
                 dumps_json(rollout.metadata, f"metadata of rollout {rollout.rollout_id}"),
@@ -130,34 +243,44 @@ class SqliteTxn:
                 rollout.rollout_id,
             ),
         )
+        if rollout.rollout_id in self._rollouts:
+            self._rollouts[rollout.rollout_id] = rollout
 
     def first_claimable(self) -> Rollout | None:
-        row = self.conn.execute(
-            f"{SELECT_ROLLOUT} WHERE status IN ('queuing', 'requeuing') ORDER BY seq LIMIT 1"
-        ).fetchone()
-        return None if row is None else rollout_from_row(row)
+        row = self.conn.execute(_FIRST_CLAIMABLE).fetchone()
+        if row is None:
+            return None
+        self._latest_resources = (row[-1],)
+        return rollout_from_row(row)
 
     def get_attempt(self, rollout_id: str, attempt_id: str) -> Attempt | None:
-        row = self.conn.execute(
-            f"{SELECT_ATTEMPT} WHERE attempt_id = ? AND rollout_id = ?", (attempt_id, rollout_id)
-        ).fetchone()
-        return None if row is None else attempt_from_row(row)
+        for attempt in self.list_attempts(rollout_id):
+            if attempt.attempt_id == attempt_id:
+                return attempt
+        return None
 
     def list_attempts(self, rollout_id: str) -> list[Attempt]:
-        rows = self.conn.execute(f"{SELECT_ATTEMPT} WHERE rollout_id = ? ORDER BY sequence_id", (rollout_id,))
-        return [attempt_from_row(row) for row in rows]
+        if rollout_id not in self._attempts:
+            self._load(rollout_id)
+        return list(self._attempts[rollout_id])
 
     def insert_attempt(self, attempt: Attempt) -> None:
-        self.conn.execute(
-            f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            tuple(getattr(attempt, field) for field in ATTEMPT_FIELDS),
-        )
+        d = attempt.__dict__
+        self.conn.execute(_INSERT_ATTEMPT, tuple(d[field] for field in ATTEMPT_FIELDS))
+        attempts = self._attempts.get(attempt.rollout_id)
+        if attempts is not None:
+            attempts.append(attempt)
 
     def update_attempt(self, attempt: Attempt) -> None:
         self.conn.execute(
-            "UPDATE attempts SET status = ?, end_time = ?, last_heartbeat_time = ?, error = ? WHERE attempt_id = ?",
+            _UPDATE_ATTEMPT,
             (attempt.status, attempt.end_time, attempt.last_heartbeat_time, attempt.error, attempt.attempt_id),
         )
+        attempts = self._attempts.get(attempt.rollout_id)
+        if attempts is not None:
+            for index, known in enumerate(attempts):
+                if known.attempt_id == attempt.attempt_id:
+                    attempts[index] = attempt
 
     def live_attempts(self) -> list[Attempt]:
         rows = self.conn.execute(f"{SELECT_ATTEMPT} WHERE status IN ('preparing', 'running')")
@@ -169,5 +292,7 @@ class SqliteTxn:
         )
 
     def latest_resources_id(self) -> str | None:
+        if self._latest_resources is not None:
+            return self._latest_resources[0]
         row = self.conn.execute("SELECT resources_id FROM resources ORDER BY version DESC LIMIT 1").fetchone()
         return None if row is None else str(row[0])

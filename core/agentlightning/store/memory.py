@@ -21,9 +21,11 @@ from agentlightning.store._statemachine import (
     op_heartbeat,
     op_start,
     op_update_metadata,
+    replace,
     rollout_not_found,
     span_attempt_keys,
     span_attempt_not_found,
+    span_with_sequence_id,
     wait_until,
 )
 from agentlightning.store.base import LightningStore, NotFoundError, SortOrder, StoreStatistics
@@ -146,7 +148,7 @@ class InMemoryLightningStore(LightningStore):
         with self._lock:
             rollouts = op_enqueue(self._txn, requests, self._clock())
         self._notifier.notify()
-        return [r.model_copy() for r in rollouts]
+        return [replace(r) for r in rollouts]
 
     def _claim_now(self, worker_id: str | None) -> ClaimedRollout | None:
         with self._lock:
@@ -183,12 +185,12 @@ class InMemoryLightningStore(LightningStore):
         with self._lock:
             rollout = op_cancel(self._txn, rollout_id, self._clock())
         self._notifier.notify()
-        return rollout.model_copy()
+        return replace(rollout)
 
     async def update_rollout_metadata(self, rollout_id: str, metadata: Mapping[str, Any]) -> Rollout:
         """Merge keys into a rollout's metadata."""
         with self._lock:
-            return op_update_metadata(self._txn, rollout_id, metadata).model_copy()
+            return replace(op_update_metadata(self._txn, rollout_id, metadata))
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Record that a live attempt is alive."""
@@ -215,7 +217,7 @@ class InMemoryLightningStore(LightningStore):
                     bucket = self._spans[key] = _AttemptSpans()
                 existing = bucket.by_id.get(span.span_id)
                 if existing is None:
-                    existing = span.model_copy(update={"sequence_id": len(bucket.ordered) + 1})
+                    existing = span_with_sequence_id(span, len(bucket.ordered) + 1)
                     bucket.by_id[span.span_id] = existing
                     bucket.ordered.append(existing)
                     self._all_spans.append(existing)
@@ -223,7 +225,7 @@ class InMemoryLightningStore(LightningStore):
             for attempt in attempts.values():
                 # A span proves life only for its own attempt; a superseded (terminal) one changes nothing.
                 if attempt.status in LIVE_ATTEMPT:
-                    self._txn.update_attempt(attempt.model_copy(update={"last_heartbeat_time": now}))
+                    self._txn.update_attempt(replace(attempt, last_heartbeat_time=now))
         return stored
 
     async def query_spans(
@@ -265,7 +267,7 @@ class InMemoryLightningStore(LightningStore):
             rollout = self._rollouts.get(rollout_id)
         if rollout is None:
             raise rollout_not_found(rollout_id)
-        return rollout.model_copy()
+        return replace(rollout)
 
     async def query_rollouts(
         self,
@@ -294,7 +296,7 @@ class InMemoryLightningStore(LightningStore):
             and (group_id is None or r.group_id == group_id)
         ]
         end = None if limit is None else offset + limit
-        return [r.model_copy() for r in matched[offset:end]]
+        return [replace(r) for r in matched[offset:end]]
 
     async def query_attempts(self, rollout_id: str) -> list[Attempt]:
         """Attempts of a rollout, oldest first."""
@@ -320,7 +322,7 @@ class InMemoryLightningStore(LightningStore):
             time.monotonic,
             60.0 if timeout_s is None else timeout_s,
         )
-        return [r.model_copy() for r in self._terminal(rollout_ids)]
+        return [replace(r) for r in self._terminal(rollout_ids)]
 
     # --- resources -----------------------------------------------------------------------------------------------
     async def add_resources(self, resources: Mapping[str, Resource]) -> ResourcesSnapshot:
