@@ -15,7 +15,9 @@ from psycopg import AsyncConnection, AsyncCursor
 
 from agentlightning.store._sqlite_schema import (
     ATTEMPT_COLUMNS,
+    ATTEMPT_FIELDS,
     ROLLOUT_COLUMNS,
+    ROLLOUT_FIELDS,
     attempt_from_row,
     dumps_json,
     rollout_from_row,
@@ -51,15 +53,29 @@ MIGRATIONS: Final[tuple[tuple[int, str, str], ...]] = (
         CREATE TABLE resources (version INTEGER PRIMARY KEY, resources_id TEXT NOT NULL UNIQUE, data BYTEA NOT NULL)
         """,
     ),
+    (
+        2,
+        "rollouts.version: bumped by every state change, for compare-and-set writes without a transaction",
+        "ALTER TABLE rollouts ADD COLUMN version BIGINT NOT NULL DEFAULT 0",
+    ),
 )
 
 SELECT_ROLLOUT: Final = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts"
 SELECT_ATTEMPT: Final = f"SELECT {ATTEMPT_COLUMNS} FROM attempts"
 TERMINAL_SQL: Final = "('succeeded', 'failed', 'cancelled')"
 # Oldest claimable rollout nobody else is claiming right now, plus the latest resources id, in one round trip.
+# Row layout: the rollout's columns, its version, then the latest resources id.
 CLAIM_SQL: Final = (
-    f"SELECT {ROLLOUT_COLUMNS}, (SELECT resources_id FROM resources ORDER BY version DESC LIMIT 1) FROM rollouts "
-    "WHERE status IN ('queuing', 'requeuing') ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED"
+    f"SELECT {ROLLOUT_COLUMNS}, version, (SELECT resources_id FROM resources ORDER BY version DESC LIMIT 1) "
+    "FROM rollouts WHERE status IN ('queuing', 'requeuing') ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED"
+)
+_N_ROLLOUT: Final = len(ROLLOUT_FIELDS)
+# A rollout, its version and all its attempts (one row per attempt, attempt columns NULL when it has none) in one
+# statement: one snapshot, so the rows are consistent with each other without a transaction.
+_READ_WITH_ATTEMPTS: Final = (
+    f"SELECT {', '.join(f'r.{c}' for c in ROLLOUT_FIELDS)}, r.version, {', '.join(f'a.{c}' for c in ATTEMPT_FIELDS)} "
+    "FROM rollouts r LEFT JOIN attempts a ON a.rollout_id = r.rollout_id WHERE r.rollout_id = %s "
+    "ORDER BY a.sequence_id"
 )
 _INSERT_ROLLOUTS: Final = (
     f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) "
@@ -74,8 +90,8 @@ _INSERT_ROLLOUT: Final = (
     f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
 _UPDATE_ROLLOUT: Final = (
-    "UPDATE rollouts SET status = %s, metadata = %s, start_time = %s, end_time = %s, num_attempts = %s "
-    "WHERE rollout_id = %s"
+    "UPDATE rollouts SET status = %s, metadata = %s, start_time = %s, end_time = %s, num_attempts = %s, "
+    "version = version + 1 WHERE rollout_id = %s"
 )
 _INSERT_ATTEMPT: Final = f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 # GREATEST: a span batch may have moved the heartbeat on since this transaction read the attempt.
@@ -84,11 +100,28 @@ _UPDATE_ATTEMPT: Final = (
     "last_heartbeat_time = GREATEST(last_heartbeat_time, %s) WHERE attempt_id = %s"
 )
 
-# Data-modifying CTEs: both writes run (on the same snapshot, on different tables) in one statement.
-_INSERT_ATTEMPT_WITH_ROLLOUT: Final = f"WITH a AS ({_INSERT_ATTEMPT}) {_UPDATE_ROLLOUT}"
-_UPDATE_ATTEMPT_WITH_ROLLOUT: Final = f"WITH a AS ({_UPDATE_ATTEMPT}) {_UPDATE_ROLLOUT}"
+# Compare-and-set writes of one rollout and at most one attempt, as one statement (atomic without a transaction):
+# the rollout row moves to the next version only if it is still at the version read, and the attempt write runs
+# only if it did. The statement returns how many rollout rows moved (0: someone else changed it first).
+_CAS_ROLLOUT: Final = (
+    "UPDATE rollouts SET status = %s, metadata = %s, start_time = %s, end_time = %s, num_attempts = %s, "
+    "version = version + 1 WHERE rollout_id = %s AND version = %s RETURNING 1"
+)
+_CAS_TOUCH: Final = "UPDATE rollouts SET version = version + 1 WHERE rollout_id = %s AND version = %s RETURNING 1"
+_GATED_INSERT_ATTEMPT: Final = (
+    f"INSERT INTO attempts ({ATTEMPT_COLUMNS}) SELECT %s::text, %s::text, %s::int, %s::text, %s::text, "
+    "%s::bigint, %s::bigint, %s::bigint, %s::text, %s::text WHERE EXISTS (SELECT 1 FROM r)"
+)
+_GATED_UPDATE_ATTEMPT: Final = (
+    "UPDATE attempts SET status = %s, end_time = %s, error = %s, "
+    "last_heartbeat_time = GREATEST(last_heartbeat_time, %s) WHERE attempt_id = %s AND EXISTS (SELECT 1 FROM r)"
+)
+_CAS_ROLLOUT_ONLY: Final = f"WITH r AS ({_CAS_ROLLOUT}) SELECT COUNT(*) FROM r"
+_CAS_WITH_INSERT: Final = f"WITH r AS ({_CAS_ROLLOUT}), a AS ({_GATED_INSERT_ATTEMPT}) SELECT COUNT(*) FROM r"
+_CAS_WITH_UPDATE: Final = f"WITH r AS ({_CAS_ROLLOUT}), a AS ({_GATED_UPDATE_ATTEMPT}) SELECT COUNT(*) FROM r"
+_TOUCH_WITH_UPDATE: Final = f"WITH r AS ({_CAS_TOUCH}), a AS ({_GATED_UPDATE_ATTEMPT}) SELECT COUNT(*) FROM r"
 
-_ONE_ROLLOUT: Final = f"{SELECT_ROLLOUT} WHERE rollout_id = %s"
+_ONE_ROLLOUT: Final = f"SELECT {ROLLOUT_COLUMNS}, version FROM rollouts WHERE rollout_id = %s"
 _ONE_ROLLOUT_LOCKED: Final = f"{_ONE_ROLLOUT} FOR UPDATE"
 _ATTEMPTS_OF_ONE: Final = f"{SELECT_ATTEMPT} WHERE rollout_id = %s ORDER BY sequence_id"
 
@@ -106,6 +139,7 @@ class PrefetchedTxn:
         self.live: list[Attempt] = []
         self.known_resources: set[str] = set()
         self.latest_resources: str | None = None
+        self.versions: dict[str, int] = {}  # rollout id -> version as loaded
         self._new_rollouts: list[Rollout] = []
         self._changed_rollouts: dict[str, Rollout] = {}
         self._new_attempts: list[Attempt] = []
@@ -115,25 +149,47 @@ class PrefetchedTxn:
     async def load_rollouts(self, conn: AsyncConnection[Any], rollout_ids: Sequence[str], *, lock: bool) -> None:
         """Load rollouts (locked ``FOR UPDATE`` in enqueue order when ``lock``) and all their attempts."""
         ids = list(dict.fromkeys(rollout_ids))
-        # Both queries go out before either result is read: one round trip in pipeline mode. The attempts query
-        # runs after the rollout rows are locked, so it sees every attempt committed before the lock.
+        # The attempts query runs after the rollout rows are locked, so it sees every attempt committed before.
         if len(ids) == 1:  # every single-rollout op: a scalar parameter is far cheaper to send than a list
             rollout_rows = await conn.execute(_ONE_ROLLOUT_LOCKED if lock else _ONE_ROLLOUT, (ids[0],), binary=True)
             attempt_rows = await conn.execute(_ATTEMPTS_OF_ONE, (ids[0],))
         else:
             suffix = " ORDER BY seq FOR UPDATE" if lock else ""
             rollout_rows = await conn.execute(
-                f"{SELECT_ROLLOUT} WHERE rollout_id = ANY(%s){suffix}", (ids,), binary=True
+                f"SELECT {ROLLOUT_COLUMNS}, version FROM rollouts WHERE rollout_id = ANY(%s){suffix}",
+                (ids,),
+                binary=True,
             )
             attempt_rows = await conn.execute(
                 f"{SELECT_ATTEMPT} WHERE rollout_id = ANY(%s) ORDER BY rollout_id, sequence_id", (ids,)
             )
-        found = {row[0]: rollout_from_row(row) for row in await rollout_rows.fetchall()}
+        found: dict[str, Rollout] = {}
+        for row in await rollout_rows.fetchall():
+            found[row[0]] = rollout_from_row(row[:_N_ROLLOUT])
+            if len(row) > _N_ROLLOUT:
+                self.versions[row[0]] = row[_N_ROLLOUT]
         for rollout_id in ids:
             self.rollouts[rollout_id] = found.get(rollout_id)
             self.attempts[rollout_id] = []
         for row in await attempt_rows.fetchall():
             self.attempts[row[0]].append(attempt_from_row(row))
+
+    async def read_rollout(self, conn: AsyncConnection[Any], rollout_id: str) -> None:
+        """Load one rollout, its version and its attempts without locking (one statement, one snapshot)."""
+        cursor = await conn.execute(_READ_WITH_ATTEMPTS, (rollout_id,), binary=True)
+        rows = await cursor.fetchall()
+        self.rollouts[rollout_id] = rollout_from_row(rows[0][:_N_ROLLOUT]) if rows else None
+        self.attempts[rollout_id] = [
+            attempt_from_row(row[_N_ROLLOUT + 1 :]) for row in rows if row[_N_ROLLOUT + 1] is not None
+        ]
+        if rows:
+            self.versions[rollout_id] = rows[0][_N_ROLLOUT]
+
+    def claimed_row(self, row: Sequence[Any]) -> None:
+        """Take the row of :data:`CLAIM_SQL` (locked) as the claimable rollout."""
+        self.claimable = rollout_from_row(row[:_N_ROLLOUT])
+        self.versions[self.claimable.rollout_id] = row[_N_ROLLOUT]
+        self.latest_resources = row[_N_ROLLOUT + 1]
 
     # --- StoreTxn ------------------------------------------------------------------------------------------------
     def get_rollout(self, rollout_id: str) -> Rollout | None:
@@ -183,21 +239,33 @@ class PrefetchedTxn:
         return self.latest_resources
 
     # --- writing -------------------------------------------------------------------------------------------------
-    async def flush(self, conn: AsyncConnection[Any]) -> None:
-        """Write every recorded change (inside the caller's transaction)."""
+    async def flush(self, conn: AsyncConnection[Any], *, compare_and_set: bool = False) -> bool:
+        """Write every recorded change; False when nothing was written because the rollout changed meanwhile.
+
+        Inside a transaction that locked the rows, pass ``compare_and_set=False``: the writes always apply. With
+        ``compare_and_set=True`` (rows read by :meth:`read_rollout`, no transaction) the change must touch one
+        rollout and at most one attempt of it, and goes in as one statement only if the rollout is still at the
+        version read; every such change moves the version on, so a concurrent change makes the other one fail.
+        """
+        inserted = {r.rollout_id for r in self._new_rollouts}  # written whole by the insert below
+        changed = [r for r in self._changed_rollouts.values() if r.rollout_id not in inserted]
+        attempts = [*self._new_attempts, *self._changed_attempts.values()]
+        if not (self._new_rollouts or changed or attempts):
+            return True
+        single = _single_rollout_change(changed, attempts) if not self._new_rollouts else None
+        version = self.versions.get(single) if single is not None else None
+        if single is not None and version is not None:
+            # A claim, start, finish, cancel, heartbeat or metadata update: all its writes as one statement (each
+            # statement costs a round of client and server work, more than these small writes themselves).
+            sql, params = _cas_statement(changed[0] if changed else None, single, version, attempts, self._new_attempts)
+            cursor = await conn.execute(sql, params)
+            if not compare_and_set:
+                return True  # the rows are locked: it applies (its result is not read, so no extra round trip)
+            row = await cursor.fetchone()
+            return row is not None and row[0] == 1
+        if compare_and_set:
+            raise RuntimeError("bug: a compare-and-set flush changes one rollout and at most one attempt of it")
         async with conn.cursor() as cursor:
-            inserted = {r.rollout_id for r in self._new_rollouts}  # written whole by the insert below
-            changed = [r for r in self._changed_rollouts.values() if r.rollout_id not in inserted]
-            attempts = [*self._new_attempts, *self._changed_attempts.values()]
-            if not self._new_rollouts and len(changed) == 1 and len(attempts) == 1:
-                # A claim, start, finish or heartbeat: the attempt and rollout writes as one statement (each
-                # statement costs a round of client and server work, more than these small writes themselves).
-                sql = _INSERT_ATTEMPT_WITH_ROLLOUT if self._new_attempts else _UPDATE_ATTEMPT_WITH_ROLLOUT
-                params = (
-                    _insert_attempt_values(attempts[0]) if self._new_attempts else _update_attempt_values(attempts[0])
-                )
-                await cursor.execute(sql, (*params, *_update_rollout_values(changed[0])))
-                return
             if len(self._new_rollouts) == 1:
                 await cursor.execute(_INSERT_ROLLOUT, _rollout_values(self._new_rollouts[0]))
             elif self._new_rollouts:
@@ -208,6 +276,31 @@ class PrefetchedTxn:
                 cursor, _UPDATE_ATTEMPT, [_update_attempt_values(a) for a in self._changed_attempts.values()]
             )
             await _execute_each(cursor, _UPDATE_ROLLOUT, [_update_rollout_values(r) for r in changed])
+        return True
+
+
+def _single_rollout_change(changed: Sequence[Rollout], attempts: Sequence[Attempt]) -> str | None:
+    """The rollout id when the writes are one rollout (changed or not) and at most one attempt of it, else None."""
+    if len(changed) > 1 or len(attempts) > 1 or not (changed or attempts):
+        return None
+    rollout_id = changed[0].rollout_id if changed else attempts[0].rollout_id
+    if attempts and attempts[0].rollout_id != rollout_id:
+        return None
+    return rollout_id
+
+
+def _cas_statement(
+    rollout: Rollout | None, rollout_id: str, version: int, attempts: Sequence[Attempt], new: Sequence[Attempt]
+) -> tuple[LiteralString, tuple[Any, ...]]:
+    """The compare-and-set statement of :meth:`PrefetchedTxn.flush` and its parameters."""
+    if rollout is None:  # an attempt-only change (heartbeat): the rollout's version still moves on
+        return _TOUCH_WITH_UPDATE, (rollout_id, version, *_update_attempt_values(attempts[0]))
+    head = (*_update_rollout_values(rollout), version)
+    if not attempts:
+        return _CAS_ROLLOUT_ONLY, head
+    if new:
+        return _CAS_WITH_INSERT, (*head, *_insert_attempt_values(attempts[0]))
+    return _CAS_WITH_UPDATE, (*head, *_update_attempt_values(attempts[0]))
 
 
 def _insert_attempt_values(a: Attempt) -> tuple[Any, ...]:

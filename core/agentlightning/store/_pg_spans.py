@@ -1,4 +1,9 @@
-"""Span ingest for the PostgreSQL store: lock the attempts, skip spans already stored, one multi-row insert."""
+"""Span ingest for the PostgreSQL store: read the attempts, skip spans already stored, one multi-row insert.
+
+A batch of one attempt (nearly all of them) needs no transaction: the insert is gated on the attempt's span count
+still being the one read (compare-and-set), so two batches can never take the same sequence ids. Other batches
+lock their attempts in a transaction.
+"""
 
 from __future__ import annotations
 
@@ -16,10 +21,11 @@ _LOCK_ATTEMPTS: Final = (
 )
 # Batches nearly always come from one attempt: the same statements with scalar parameters, which psycopg sends for
 # a fraction of the client CPU of a list (it inspects every list element to choose a dumper).
-_LOCK_ATTEMPT: Final = (
+_READ_ATTEMPT: Final = (
     "SELECT attempt_id, rollout_id, sequence_id, span_count, status IN ('preparing', 'running') FROM attempts "
-    "WHERE attempt_id = %s FOR UPDATE"
+    "WHERE attempt_id = %s"
 )
+_LOCK_ATTEMPT: Final = f"{_READ_ATTEMPT} FOR UPDATE"
 _EXISTING: Final = (
     "SELECT s.attempt_id, s.span_id, s.data FROM spans s "
     "JOIN unnest(%s::text[], %s::text[]) AS k(a, i) ON s.attempt_id = k.a AND s.span_id = k.i"
@@ -41,21 +47,41 @@ _UPDATE_ATTEMPT: Final = (
     "WHERE attempt_id = %s"
 )
 
+# Compare-and-set: the counter moves (and a live attempt's heartbeat) only if no other batch moved it since it was
+# read, and the spans go in only if it did; the statement returns how many attempts moved (1, or 0 on a lost race).
+_CAS_ATTEMPT: Final = (
+    "UPDATE attempts SET span_count = %s, last_heartbeat_time = CASE WHEN status IN ('preparing', 'running') "
+    "THEN GREATEST(last_heartbeat_time, %s) ELSE last_heartbeat_time END "
+    "WHERE attempt_id = %s AND span_count = %s RETURNING 1"
+)
+# A batch whose spans were all stored before (a retry) still proves life, if its attempt is still live.
+_TOUCH_ATTEMPT: Final = (
+    "UPDATE attempts SET last_heartbeat_time = GREATEST(last_heartbeat_time, %s) "
+    "WHERE attempt_id = %s AND status IN ('preparing', 'running')"
+)
+_CAS_INSERT: Final = (
+    f"WITH u AS ({_CAS_ATTEMPT}), i AS ({_INSERT} WHERE EXISTS (SELECT 1 FROM u)) SELECT COUNT(*) FROM u"
+)
+
 # Data-modifying CTE: the spans go in and the attempts' counters move in one statement.
 _INSERT_THEN_UPDATE_ATTEMPT: Final = f"WITH inserted AS ({_INSERT}) {_UPDATE_ATTEMPT}"
 _INSERT_THEN_UPDATE_ATTEMPTS: Final = f"WITH inserted AS ({_INSERT}) {_UPDATE_ATTEMPTS}"
 
 
 async def store_spans(
-    conn: AsyncConnection[Any], spans: Sequence[Span], keys: Sequence[tuple[str, str]], now: int
-) -> list[Span] | tuple[str, str]:
-    """Store ``spans`` inside the caller's transaction; returns them as stored (with sequence ids).
+    conn: AsyncConnection[Any], spans: Sequence[Span], keys: Sequence[tuple[str, str]], now: int, *, lock: bool
+) -> list[Span] | tuple[str, str] | None:
+    """Store ``spans``; returns them as stored (with sequence ids).
 
+    With ``lock``, inside the caller's transaction (attempt rows locked). Without, no transaction: a compare-and-set
+    write, and None when it lost a race or the batch spans several attempts (nothing written; retry or lock).
     Returns the first (rollout_id, attempt_id) of ``keys`` that names no attempt instead, having written nothing.
     """
     attempt_ids = list(dict.fromkeys(attempt_id for _, attempt_id in keys))
     if len(attempt_ids) == 1:
-        cursor = await conn.execute(_LOCK_ATTEMPT, (attempt_ids[0],))
+        cursor = await conn.execute(_LOCK_ATTEMPT if lock else _READ_ATTEMPT, (attempt_ids[0],))
+    elif not lock:
+        return None
     else:
         cursor = await conn.execute(_LOCK_ATTEMPTS, (attempt_ids,))
     # attempt_id -> [attempt sequence, spans stored so far, live?]
@@ -74,6 +100,7 @@ async def store_spans(
             existing[(attempt_id, span_id)] = Span.model_validate_json(data)
     columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
     result: list[Span] = []
+    read_counts = {attempt_id: entry[1] for attempt_id, entry in state.items()}
     for incoming in spans:
         known = existing.get((incoming.attempt_id, incoming.span_id))
         if known is None:
@@ -88,6 +115,14 @@ async def store_spans(
                 column.append(value)
         result.append(known)
     ids = list(state)
+    if not lock:
+        (attempt_id,) = ids
+        if not columns[0]:  # every span was stored before: a re-sent batch
+            await conn.execute(_TOUCH_ATTEMPT, (now, attempt_id))
+            return result
+        params = (state[attempt_id][1], now, attempt_id, read_counts[attempt_id], *columns)
+        row = await (await conn.execute(_CAS_INSERT, params)).fetchone()
+        return result if row is not None and row[0] == 1 else None
     if len(ids) == 1:
         update, with_insert = _UPDATE_ATTEMPT, _INSERT_THEN_UPDATE_ATTEMPT
         params: tuple[Any, ...] = (state[ids[0]][1], bool(state[ids[0]][2]), now, ids[0])

@@ -11,16 +11,17 @@ import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from typing import LiteralString, cast
 
 import psycopg
 import pytest
 
 from agentlightning.client import LightningStoreClient
 from agentlightning.server import StoreServer
-from agentlightning.store import LightningStore, StoreError, SyncLightningStore
+from agentlightning.store import IllegalTransitionError, LightningStore, StoreError, SyncLightningStore
 from agentlightning.store.postgres import MIGRATIONS, PostgresLightningStore
 from agentlightning.testing.postgres import PostgresCluster
-from agentlightning.types import RolloutRequest
+from agentlightning.types import RolloutConfig, RolloutRequest
 from tests.core.store.conformance import FakeClock, StoreConformance, spans_of
 
 
@@ -158,6 +159,72 @@ async def test_concurrent_span_batches_and_finishes_do_not_deadlock(pg_dsn: str)
     for claimed in claims:
         spans = await store.query_spans(claimed.rollout.rollout_id)
         assert [s.sequence_id for s in spans] == list(range(1, len(spans) + 1))
+    await store.close()
+
+
+async def test_racing_changes_of_one_rollout_apply_once(pg_dsn: str) -> None:
+    # Changes of one rollout are compare-and-set writes without a transaction: of racing finishes exactly one wins,
+    # and racing heartbeats (each moves the version on) all get through, by re-reading or by locking the row.
+    store = PostgresLightningStore(pg_dsn, max_connections=8)
+    await store.enqueue_rollout("race")
+    claimed = await store.claim_rollout("w")
+    assert claimed is not None
+    rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+    await store.start_attempt(rid, aid)
+    beats = await asyncio.gather(*(store.heartbeat(rid, aid) for _ in range(40)))
+    assert {b.status for b in beats} == {"running"}
+    outcomes = await asyncio.gather(
+        *(store.finish_attempt(rid, aid, "succeeded") for _ in range(8)), return_exceptions=True
+    )
+    assert sum(not isinstance(o, BaseException) for o in outcomes) == 1
+    assert all(isinstance(o, IllegalTransitionError) for o in outcomes if isinstance(o, BaseException))
+    assert (await store.get_rollout(rid)).status == "succeeded"
+    assert [a.status for a in await store.query_attempts(rid)] == ["succeeded"]
+    with psycopg.connect(pg_dsn) as conn:  # claim, start, 40 heartbeats, one finish
+        assert conn.execute("SELECT version FROM rollouts WHERE rollout_id = %s", (rid,)).fetchone() == (43,)
+    await store.close()
+
+
+async def test_racing_batches_of_one_attempt_store_each_span_once(pg_dsn: str) -> None:
+    # Batches of one attempt go in without a transaction, gated on its span count: overlapping batches sent at once
+    # must still store every span once, with sequence ids 1..n and no gap.
+    store = PostgresLightningStore(pg_dsn, max_connections=8)
+    await store.enqueue_rollout("spans")
+    claimed = await store.claim_rollout("w")
+    assert claimed is not None
+    spans = spans_of(claimed, 30)
+    batches = [spans[n : n + 10] for n in range(0, 21, 5)] * 2  # every span in two to four batches
+    results = await asyncio.gather(*(store.add_spans(batch) for batch in batches))
+    stored = await store.query_spans(claimed.rollout.rollout_id)
+    assert sorted(s.span_id for s in stored) == sorted(s.span_id for s in spans)
+    assert [s.sequence_id for s in stored] == list(range(1, 31))
+    by_id = {s.span_id: s.sequence_id for s in stored}
+    assert all(by_id[s.span_id] == s.sequence_id for batch in results for s in batch)
+    await store.close()
+
+
+async def test_a_version_1_database_is_migrated(pg_dsn: str) -> None:
+    # A database made by a release with schema version 1 (no rollouts.version) opens and keeps its rollouts.
+    version, description, statements = MIGRATIONS[0]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE schema_version "
+            "(version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_time BIGINT NOT NULL)"
+        )
+        for statement in statements.split(";"):
+            conn.execute(cast("LiteralString", statement))  # MIGRATIONS: constants in code
+        conn.execute("INSERT INTO schema_version VALUES (%s, %s, 0)", (version, description))
+        conn.execute(
+            "INSERT INTO rollouts (rollout_id, status, input, config, metadata, enqueue_time, num_attempts) "
+            "VALUES ('ro-old', 'queuing', %s, %s, '{}', 1, 0)",
+            (b'"before"', RolloutConfig().model_dump_json().encode()),
+        )
+    store = PostgresLightningStore(pg_dsn)
+    assert await store.schema_version() == MIGRATIONS[-1][0]
+    claimed = await store.claim_rollout("w")
+    assert claimed is not None and claimed.rollout.rollout_id == "ro-old" and claimed.rollout.input == "before"
+    await store.finish_attempt("ro-old", claimed.attempt.attempt_id, "succeeded")
+    assert (await store.get_rollout("ro-old")).status == "succeeded"
     await store.close()
 
 
