@@ -125,7 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="one seed instead of three")
     parser.add_argument("--max-steps", type=int, default=300)
-    parser.add_argument("--http-epochs", type=int, default=2, help="epochs per step of the HTTP loop (quickstart: 2)")
+    parser.add_argument("--http-epochs", type=int, default=3, help="epochs per step of the HTTP loop (quickstart: 3)")
     parser.add_argument("--skip-http", action="store_true")
     parser.add_argument("--skip-in-process", action="store_true")
     args = parser.parse_args()
