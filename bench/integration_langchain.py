@@ -5,7 +5,7 @@ is invoked inside a rollout without a handler, with an explicit handler, and wit
 per call is the handler's cost, including LangChain's dispatch to it and the span's trip through the tracing
 pipeline (CPU time of the whole process, so the exporter thread's work counts). Two more modes split that cost:
 a LangChain no-op handler (LangChain's own dispatch) and our handler with an OpenTelemetry no-op tracer (our code,
-without the SDK span and the pipeline). CPU time rather than wall time is the headline because the benchmark
+without recording the span and the pipeline). CPU time rather than wall time is the headline because the benchmark
 machines are shared; wall time is printed too. Prints the median of several rounds.
 Target (issue 9): < 100 µs per LLM call.
 """

@@ -6,6 +6,11 @@ How spans flow::
     span.start ─ on_start: stamp rollout/attempt ids from current_rollout()
     span.end   ─ on_end: enqueue (bounded, never blocks) ──► batch ─► convert to Span ─► sink.export (retried)
 
+- The agent thread only records and enqueues; converting to :class:`~agentlightning.types.Span` happens on the
+  exporter thread. ``LightningTracer`` records its own spans with a lean implementation of the OpenTelemetry API
+  (:mod:`agentlightning._lean_tracer`: same spans, a fraction of the SDK's per-span cost); on a user's SDK
+  ``TracerProvider`` it adds its processor and the SDK records.
+
 - The current rollout lives in a :mod:`contextvars` variable set by :func:`rollout_context`; it follows asyncio
   tasks and threads started with a copied context (``contextvars.copy_context().run`` / ``asyncio.to_thread``).
 - A span that ends with no rollout/attempt id (neither set explicitly nor stamped from the context) cannot be
@@ -38,6 +43,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span as SdkSpan, SpanProcessor, TracerProvider
 
 from agentlightning import semconv
+from agentlightning._lean_tracer import LeanTracerProvider, sdk_settings_in_environment
 from agentlightning.otel import span_from_readable
 from agentlightning.types.spans import Span
 
@@ -422,8 +428,10 @@ atexit.register(_shutdown_at_exit)
 class LightningTracer:
     """Records spans of rollouts with OpenTelemetry and delivers them to a sink off the agent's thread.
 
-    With ``provider=None`` it creates its own TracerProvider (not installed as OpenTelemetry's global one); with a
-    user's SDK provider it adds its processor to it, leaving the user's other processors untouched.
+    With ``provider=None`` it creates its own TracerProvider (not installed as OpenTelemetry's global one): a
+    :class:`~agentlightning._lean_tracer.LeanTracerProvider`, or the SDK's when the environment configures SDK-only
+    behaviour (another ``OTEL_TRACES_SAMPLER``, ``OTEL_SDK_DISABLED=true``). With a user's SDK
+    provider it adds its processor to it, leaving the user's other processors untouched.
     """
 
     def __init__(
@@ -446,7 +454,15 @@ class LightningTracer:
             retry_backoff_s=retry_backoff_s,
         )
         self._owns_provider = provider is None
-        self.provider = provider or TracerProvider(resource=Resource.create({"service.name": "agentlightning"}))
+        self.provider: TracerProvider | LeanTracerProvider
+        if provider is not None:
+            self.provider = provider
+        else:
+            resource = Resource.create({"service.name": "agentlightning"})
+            sdk_only = sdk_settings_in_environment()
+            if sdk_only:
+                logger.debug("agentlightning: %s set, recording spans with the OpenTelemetry SDK", ", ".join(sdk_only))
+            self.provider = TracerProvider(resource=resource) if sdk_only else LeanTracerProvider(resource)
         self.provider.add_span_processor(self.processor)
         self._tracers: dict[str, trace_api.Tracer] = {}
 
