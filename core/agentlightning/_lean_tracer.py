@@ -13,6 +13,9 @@ directly, with the SDK's default behaviour and nothing else:
 - status, events, links, ``record_exception``, ``update_name``, ``is_recording`` and context-manager semantics as
   in the SDK, including the warnings on use after ``end``.
 
+Not implemented, as no span of ours needs it: counts of attributes/events/links dropped by the limits (reported as
+0), the SDK's experimental ``_on_ending`` processor hook, tracer configurators and the SDK's internal span metrics.
+
 A span is an SDK :class:`~opentelemetry.sdk.trace.ReadableSpan` too, so span processors (ours and any added with
 :meth:`LeanTracerProvider.add_span_processor`) and exporters read it like an SDK span. Settings this tracer does not
 implement (another sampler in ``OTEL_TRACES_SAMPLER``, ``OTEL_SDK_DISABLED=true``) make ``LightningTracer`` fall
