@@ -172,3 +172,37 @@ async def test_heartbeats_keep_a_slow_attempt_alive_under_the_watchdog() -> None
         stats = await Runner(sleepy_sync, store, heartbeat_interval_s=10.0).run(max_rollouts=1)
     assert stats.succeeded == 1
     assert [a.status for a in await store.query_attempts(rollout.rollout_id)] == ["succeeded"]
+
+
+class _WaitCountingStore(InMemoryLightningStore):
+    """A real in-memory store that records how many claims are waiting for work at the same time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = 0
+        self.most_waiting = 0
+
+    async def claim_rollout(self, worker_id: str | None = None, *, timeout_s: float | None = None) -> Any:
+        if timeout_s is None:
+            return await super().claim_rollout(worker_id)
+        self.waiting += 1
+        self.most_waiting = max(self.most_waiting, self.waiting)
+        try:
+            return await super().claim_rollout(worker_id, timeout_s=timeout_s)
+        finally:
+            self.waiting -= 1
+
+
+async def test_idle_workers_take_turns_waiting_for_work() -> None:
+    store = _WaitCountingStore()
+    runner = Runner(counting, store, n_workers=8, poll_interval_s=0.05)
+    task = asyncio.create_task(runner.run())
+    await asyncio.sleep(0.3)  # every worker is idle: one waits in the store, the others at the runner's gate
+    await enqueue_counting(store, 20)
+    ids = [r.rollout_id for r in await store.query_rollouts()]
+    assert len(await store.wait_for_rollouts(ids, timeout_s=10)) == 20
+    runner.stop()
+    stats = await asyncio.wait_for(task, 5)
+    assert stats.succeeded == 20
+    assert store.most_waiting == 1
+    await assert_each_finished_once(store, 20)
