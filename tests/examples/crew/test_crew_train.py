@@ -1,36 +1,45 @@
-"""The crew example's CPU training loop trains on the specialist's calls only, though every agent used the policy."""
+"""CI runs the crew example's CPU mode with a step budget: the specialist learns to route, and only it is trained."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from agentlightning.adapter import find_llm_calls
-from agentlightning.store.sqlite import SqliteLightningStore
 from examples.crew.train import train_cpu
 
+STEPS = 8  # measured: validation 0.00 -> 0.42 by step 6, 0.58 by step 12 (seed 0); see the README
 
-def test_training_step_uses_only_specialist_calls(tmp_path: Path) -> None:
-    outcome = train_cpu(steps=1, seed=0, run_dir=tmp_path, store=str(tmp_path / "store.db"), show_progress=False)
-    (step,) = outcome.algorithm.history
-    assert step.failed_rollouts == 0 and not step.skipped
 
-    async def calls_by_agent() -> dict[str, int]:
-        store = SqliteLightningStore(tmp_path / "store.db")
-        try:
-            counts: dict[str, int] = {}
-            for rollout in await store.query_rollouts():
-                if rollout.mode != "train":
-                    continue
-                for call in find_llm_calls(await store.query_spans(rollout.rollout_id, "latest")):
-                    assert call.has_token_ids  # planner and critic calls went through the proxy too
-                    counts[call.agent_name or "?"] = counts.get(call.agent_name or "?", 0) + 1
-            return counts
-        finally:
-            await store.close()
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_cpu_training_learns_routing_and_trains_only_the_specialist(tmp_path: Path) -> None:
+    outcome = train_cpu(steps=STEPS, seed=0, run_dir=tmp_path, store=str(tmp_path / "store.db"), show_progress=False)
+    val = outcome.algorithm.val_history
+    print(f"crew: validation {val} in {outcome.wall_s:.0f} s")
+    assert all(not step.skipped and step.failed_rollouts == 0 for step in outcome.algorithm.history)
 
-    counts = asyncio.run(calls_by_agent())
-    # CrewAI asks again after an empty reply, so an agent may call more than once per crew
-    assert counts["planner"] >= step.rollouts and counts["critic"] >= step.rollouts
-    # the learner trained on exactly the specialist's calls: the other agents' calls produced no transitions
-    assert step.transitions == counts["specialist"] >= step.rollouts
+    async def calls_and_transitions() -> tuple[dict[str, int], dict[str, int]]:
+        called: dict[str, int] = {}
+        trained: dict[str, int] = {}
+        adapter = outcome.algorithm.adapter
+        for rollout in await outcome.store.query_rollouts(mode="train"):
+            spans = await outcome.store.query_spans(rollout.rollout_id, "latest")
+            for call in find_llm_calls(spans):
+                # planner and critic calls went through the proxy too (a call the server refused has no tokens:
+                # CrewAI's forced final answer after repeated unparsable replies can outgrow the tiny context)
+                assert call.has_token_ids or call.failed
+                called[call.agent_name or "?"] = called.get(call.agent_name or "?", 0) + 1
+            for row in adapter.adapt(rollout, spans):
+                trained[row.agent_name or "?"] = trained.get(row.agent_name or "?", 0) + 1
+        return called, trained
+
+    called, trained = asyncio.run(calls_and_transitions())
+    rollouts = sum(step.rollouts for step in outcome.algorithm.history)
+    # every agent called the policy in every rollout (CrewAI asks again after a reply it cannot parse)...
+    assert min(called["planner"], called["critic"], called["specialist"]) >= rollouts
+    # ...and the learner trained on the specialist's calls only: the other agents' calls produced no transitions
+    assert set(trained) == {"specialist"} and trained["specialist"] >= rollouts
+    assert outcome.val_after - outcome.val_before >= 0.3, f"routing accuracy {val}"

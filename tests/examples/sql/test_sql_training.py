@@ -9,12 +9,14 @@ import pytest
 
 from examples.sql.train import train_cpu
 
+STEPS = 40
+
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 def test_cpu_mode_learns_and_trains_only_writer_and_rewriter(tmp_path: Path) -> None:
-    # 40 steps reached +0.27 to +0.53 across runs (batched generation makes runs differ); 60 leave a margin.
-    outcome = train_cpu(steps=60, seed=0, run_dir=tmp_path, show_progress=False)
+    # Batched generation makes runs differ even with a fixed seed; see the README for the measured spread.
+    outcome = train_cpu(steps=STEPS, seed=0, run_dir=tmp_path, show_progress=False)
     print(f"sql: validation {outcome.val_before:.2f} -> {outcome.val_after:.2f} in {outcome.wall_s:.0f} s")
 
     async def agents_of_calls_and_transitions() -> tuple[set[str | None], dict[str | None, int]]:
@@ -32,6 +34,4 @@ def test_cpu_mode_learns_and_trains_only_writer_and_rewriter(tmp_path: Path) -> 
     assert called == {"writer", "checker", "rewriter"}
     assert trained.get("checker", 0) == 0, "the checker's calls must produce no transitions"
     assert trained["writer"] > 0 and trained["rewriter"] > 0
-    # Issue #13 asks for +0.3; fresh-clone CI runs reached +0.27 (0.07 -> 0.33) where local runs reached +0.53/+0.60,
-    # so this guards a real rise without claiming the issue's bar (left open in the issue note).
-    assert outcome.val_after - outcome.val_before >= 0.2
+    assert outcome.val_after - outcome.val_before >= 0.3
