@@ -85,12 +85,8 @@ def cpu_config(db_path: Path, *, steps: int = 40, seed: int = 0, run_dir: Path |
     random policy), only the writer and rewriter trained."""
     words = vocabulary([q for q in data.questions(db_path) if q.sketch in CPU_SKETCHES])
     return _training.cpu_config(
-        words, steps=steps, seed=seed, run_dir=run_dir, agents=TRAINED_AGENTS, max_response_tokens=6,
-        # A right sketch starts as a ~1 % token. PPO's clip caps how far one step can raise a sampled token's
-        # probability (x1.2 at the default 0.2), which made the climb take ~40 steps; a high-side clip of 2.0 (x3)
-        # lets a step's few successes count (measured: validation 0.07 -> 0.47 in 30 steps, 0.33 with the default).
-        lr=2e-3, clip_ratio_high=2.0,
-    )  # fmt: skip
+        words, steps=steps, seed=seed, run_dir=run_dir, agents=TRAINED_AGENTS, max_response_tokens=6
+    )
 
 
 def gpu_config(model: str, *, backend: str, steps: int, seed: int = 0, run_dir: Path) -> LightningRLConfig:
