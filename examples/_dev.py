@@ -105,12 +105,14 @@ async def run_dev(
     instrumentation: Any,
     console: Console | None = None,
     timeout_s: float = 60,
+    store: LightningStore | None = None,
 ) -> tuple[list[Any], list[Tree]]:
     """Run ``n_tasks`` of ``tasks`` (spread over the list) once with ``agent`` against a fake upstream scripted by
     ``reply``, through the LLM proxy.
 
     ``instrumentation`` is the example's integration module (``instrument()``/``uninstrument()``); it is installed
-    for the run only. Prints what the trainer would see and each rollout's span tree; returns both.
+    for the run only. Prints what the trainer would see and each rollout's span tree; returns both. ``store``
+    (default: a new in-memory one) keeps the spans for a caller to inspect.
     """
     from agentlightning.proxy import flush_proxy_spans
     from agentlightning.store import InMemoryLightningStore
@@ -118,7 +120,7 @@ async def run_dev(
 
     console = console or Console()
     chosen = list(tasks)[:: max(1, len(tasks) // n_tasks)][:n_tasks]
-    store = InMemoryLightningStore()
+    store = store if store is not None else InMemoryLightningStore()
     instrumentation.instrument()
     try:
         with FakeOpenAI(reply=reply).serve() as upstream:

@@ -45,29 +45,18 @@ def test_dev_mode_prints_crew_task_agent_tool_and_llm_spans(dev_run: tuple[list[
 
 def test_only_the_specialist_calls_become_transitions() -> None:
     """Planner and critic calls are recorded with token ids, yet selecting the specialist trains none of them."""
-    from agentlightning.proxy import flush_proxy_spans
     from agentlightning.store import InMemoryLightningStore
-    from agentlightning.testing.fake_openai import FakeOpenAI
-    from agentlightning.trainer import Trainer
-    from agentlightning.types import LLM
-    from examples._dev import proxy_on_loop
+    from examples._dev import run_dev
     from examples.crew.train import crew_agent, fake_reply, tasks
 
     async def run() -> None:
         store = InMemoryLightningStore()
-        agentlightning_crewai.instrument()
-        try:
-            with FakeOpenAI(reply=fake_reply).serve() as upstream:
-                async with proxy_on_loop(store, upstream.base_url) as (proxy_url, proxy_app):
-                    await store.add_resources({"llm": LLM(base_url=proxy_url, model="fake", proxied=True)})
-                    rows = await Trainer(store=store, n_runners=1, console=Console(file=io.StringIO())).dev_async(
-                        crew_agent, tasks()[:1], timeout_s=120
-                    )
-                    await flush_proxy_spans(proxy_app)
-                    rollout = await store.get_rollout(rows[0].rollout_id)
-                    spans = await store.query_spans(rollout.rollout_id, "latest")
-        finally:
-            agentlightning_crewai.uninstrument()
+        rows, _ = await run_dev(
+            crew_agent, tasks(), fake_reply, n_tasks=1, instrumentation=agentlightning_crewai,
+            console=Console(file=io.StringIO()), timeout_s=120, store=store,
+        )  # fmt: skip
+        rollout = await store.get_rollout(rows[0].rollout_id)
+        spans = await store.query_spans(rollout.rollout_id, "latest")
         calls = find_llm_calls(spans)
         by_agent = sorted(c.agent_name or "" for c in calls)
         assert by_agent == ["critic", "planner", "specialist", "specialist"]
