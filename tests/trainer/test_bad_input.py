@@ -130,3 +130,27 @@ def test_train_in_process_starts_from_init_weights(tool_spec: PolicySpec, tmp_pa
     # lr 1e-9: the weights stay (to float precision) where they started, which is the file, not seed 0's init
     first = next(iter(from_init.module.state_dict().values()))
     assert torch.allclose(first, next(iter(start.module.state_dict().values())), atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_mini_batches_of_short_replies_train(tool_spec: PolicySpec, algorithm: str) -> None:
+    """A mini-batch whose replies all end before the step's longest one trains instead of a shape error."""
+    config = LightningRLConfig(policy=tool_spec, algorithm=algorithm, mini_batch_size=2, epochs=2)
+    learner = TorchLearner(Policy.build(tool_spec), config)
+    rows = [
+        Transition(
+            rollout_id=f"ro-{i}",
+            attempt_id=f"at-{i}",
+            group_id="g",
+            turn_index=0,
+            span_id=f"s{i}",
+            reward=float(i % 2),
+            advantage=1.0 if i % 2 else -1.0,
+            prompt_token_ids=[1, 2, 3],
+            response_token_ids=[4] * length,
+        )
+        for i, length in enumerate([1, 2, 1, 2, 1, 8])
+    ]
+    stats = learner.update(rows)
+    assert stats["trained_transitions"] == 6.0
+    assert all(torch.isfinite(torch.tensor(value)) for value in stats.values())

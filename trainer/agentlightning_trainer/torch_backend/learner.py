@@ -90,15 +90,18 @@ class TorchLearner:
             )
             for start in range(0, len(batch), size):
                 idx = order[start : start + size]
+                chosen = [responses[i] for i in idx.tolist()]
+                # The step's tensors are as wide as its longest reply; the policy scores only this mini-batch's.
+                width = max(len(r) for r in chosen)
                 self._step(
                     [prompts[i] for i in idx.tolist()],
-                    [responses[i] for i in idx.tolist()],
-                    old_lp[idx],
-                    advantages[idx],
-                    returns[idx],
-                    mask[idx],
+                    chosen,
+                    old_lp[idx, :width],
+                    advantages[idx, :width],
+                    returns[idx, :width],
+                    mask[idx, :width],
                     torch.unique(rollout_index[idx], return_inverse=True)[1],
-                    None if ref_lp is None else ref_lp[idx],
+                    None if ref_lp is None else ref_lp[idx, :width],
                     stats,
                 )
         self.policy.module.eval()
