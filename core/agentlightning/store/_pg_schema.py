@@ -21,6 +21,7 @@ from agentlightning.store._sqlite_schema import (
     attempt_from_row,
     dumps_json,
     rollout_from_row,
+    rollout_values,
 )
 from agentlightning.types import Attempt, Rollout
 
@@ -267,7 +268,7 @@ class PrefetchedTxn:
             raise RuntimeError("bug: a compare-and-set flush changes one rollout and at most one attempt of it")
         async with conn.cursor() as cursor:
             if len(self._new_rollouts) == 1:
-                await cursor.execute(_INSERT_ROLLOUT, _rollout_values(self._new_rollouts[0]))
+                await cursor.execute(_INSERT_ROLLOUT, rollout_values(self._new_rollouts[0]))
             elif self._new_rollouts:
                 await cursor.execute(_INSERT_ROLLOUTS, _rollout_columns(self._new_rollouts))
             # One row per statement is the common case: execute() costs less client CPU than executemany().
@@ -331,24 +332,6 @@ def _rollout_columns(rollouts: Sequence[Rollout]) -> tuple[list[Any], ...]:
     """Column arrays of new rollouts for the ``unnest`` insert (one statement for any batch size)."""
     columns: tuple[list[Any], ...] = tuple([] for _ in range(12))
     for r in rollouts:
-        for column, value in zip(columns, _rollout_values(r), strict=True):
+        for column, value in zip(columns, rollout_values(r), strict=True):
             column.append(value)
     return columns
-
-
-def _rollout_values(r: Rollout) -> tuple[Any, ...]:
-    """One new rollout's column values, in ``ROLLOUT_COLUMNS`` order."""
-    return (
-        r.rollout_id,
-        r.status,
-        r.mode,
-        r.group_id,
-        r.resources_id,
-        dumps_json(r.input, f"input of rollout {r.rollout_id}"),
-        r.config.__pydantic_serializer__.to_json(r.config),
-        dumps_json(r.metadata, f"metadata of rollout {r.rollout_id}"),
-        r.enqueue_time,
-        r.start_time,
-        r.end_time,
-        r.num_attempts,
-    )

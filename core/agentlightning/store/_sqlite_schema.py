@@ -73,6 +73,24 @@ def dumps_json(value: Any, what: str) -> bytes:
         raise ValueError(f"{what} must be JSON-serialisable to be stored in SQLite: {exc}") from exc
 
 
+def rollout_values(r: Rollout) -> tuple[Any, ...]:
+    """One new rollout's column values, in ``ROLLOUT_COLUMNS`` order (both SQL backends insert these)."""
+    return (
+        r.rollout_id,
+        r.status,
+        r.mode,
+        r.group_id,
+        r.resources_id,
+        dumps_json(r.input, f"input of rollout {r.rollout_id}"),
+        r.config.__pydantic_serializer__.to_json(r.config),
+        dumps_json(r.metadata, f"metadata of rollout {r.rollout_id}"),
+        r.enqueue_time,
+        r.start_time,
+        r.end_time,
+        r.num_attempts,
+    )
+
+
 def rollout_from_row(row: Sequence[Any]) -> Rollout:
     """A Rollout from a ``SELECT ROLLOUT_COLUMNS`` row (validated on its way in, so not validated again)."""
     return construct(
@@ -208,23 +226,7 @@ class SqliteTxn:
         return self._load(rollout_id)
 
     def insert_rollouts(self, rollouts: Sequence[Rollout]) -> None:
-        rows = [
-            (
-                r.rollout_id,
-                r.status,
-                r.mode,
-                r.group_id,
-                r.resources_id,
-                dumps_json(r.input, f"input of rollout {r.rollout_id}"),
-                r.config.__pydantic_serializer__.to_json(r.config),
-                dumps_json(r.metadata, f"metadata of rollout {r.rollout_id}"),
-                r.enqueue_time,
-                r.start_time,
-                r.end_time,
-                r.num_attempts,
-            )
-            for r in rollouts
-        ]
+        rows = [rollout_values(r) for r in rollouts]
         self.conn.executemany(_INSERT_ROLLOUT, rows)
         if self._rollouts:
             for r in rollouts:
