@@ -100,6 +100,47 @@ class LightningStore(ABC):
     async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Mark a claimed attempt (and its rollout) ``running``."""
 
+    async def claim_and_start(
+        self, worker_id: str | None = None, *, timeout_s: float | None = None
+    ) -> ClaimedRollout | None:
+        """Claim the oldest claimable rollout and start its new attempt: both come back ``running``.
+
+        What a runner does first with every rollout, as one call (one request over HTTP). Waits like
+        :meth:`claim_rollout`. If the attempt stops being startable in between (a cancel, the watchdog), the claim
+        stands and the start's IllegalTransitionError is raised: the attempt is already terminal, nothing leaks.
+        """
+        claimed = await self.claim_rollout(worker_id, timeout_s=timeout_s)
+        if claimed is None:
+            return None
+        attempt = await self.start_attempt(claimed.rollout.rollout_id, claimed.attempt.attempt_id)
+        # start_attempt changes nothing on the rollout but its status, so the claimed copy is brought up to date.
+        return ClaimedRollout(rollout=claimed.rollout.model_copy(update={"status": "running"}), attempt=attempt)
+
+    async def finish_attempt_with_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        spans: Sequence[Span],
+        *,
+        error: str | None = None,
+    ) -> Attempt:
+        """Store an attempt's last spans, then record its terminal status (one request over HTTP).
+
+        Every span must belong to this attempt (ValueError, nothing written, otherwise). The spans are stored
+        first, so whoever sees the rollout finish can read all of them; they stay stored when the finish is
+        refused (IllegalTransitionError), exactly as ``add_spans`` then ``finish_attempt`` would leave them.
+        """
+        strangers = [s.span_id for s in spans if s.rollout_id != rollout_id or s.attempt_id != attempt_id]
+        if strangers:
+            raise ValueError(
+                f"finish_attempt_with_spans({rollout_id}, {attempt_id}) got spans of other attempts "
+                f"(span ids {', '.join(strangers[:5])}); send those with add_spans"
+            )
+        if spans:
+            await self.add_spans(spans)
+        return await self.finish_attempt(rollout_id, attempt_id, status, error=error)
+
     @abstractmethod
     async def finish_attempt(
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, *, error: str | None = None

@@ -96,6 +96,24 @@ class SyncLightningStore:
         """Record an attempt's terminal status."""
         return self._call(self.store.finish_attempt(rollout_id, attempt_id, status, error=error))
 
+    def claim_and_start(
+        self, worker_id: str | None = None, *, timeout_s: float | None = None
+    ) -> ClaimedRollout | None:
+        """Claim the oldest claimable rollout and start its attempt, waiting up to ``timeout_s``."""
+        return self._call(self.store.claim_and_start(worker_id, timeout_s=timeout_s))
+
+    def finish_attempt_with_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        spans: Sequence[Span],
+        *,
+        error: str | None = None,
+    ) -> Attempt:
+        """Store an attempt's last spans, then record its terminal status."""
+        return self._call(self.store.finish_attempt_with_spans(rollout_id, attempt_id, status, spans, error=error))
+
     def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a non-terminal rollout."""
         return self._call(self.store.cancel_rollout(rollout_id))

@@ -22,12 +22,13 @@ from agentlightning.store import (
     Watchdog,
 )
 from agentlightning.types import LLM, ClaimedRollout, PromptTemplate, RolloutConfig, RolloutRequest
+from tests.core.store.conformance_combined import CombinedCallsConformance
 from tests.core.store.fakes import NS, FakeClock, make_span, spans_of
 
 __all__ = ["NS", "FakeClock", "StoreConformance", "make_span", "spans_of"]
 
 
-class StoreConformance:
+class StoreConformance(CombinedCallsConformance):
     """Behaviours every :class:`LightningStore` backend must pass. Subclass it in a ``test_*.py`` file.
 
     A subclass must provide one fixture::
