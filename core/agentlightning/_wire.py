@@ -44,13 +44,17 @@ class ClaimRolloutBody(_Body):
 
     worker_id: str | None = None
     timeout_s: float | None = Field(default=None, ge=0, le=86_400, description="Seconds to wait; None = no wait.")
+    start: bool = Field(default=False, description="Also start the new attempt: rollout and attempt come back running.")
 
 
 class FinishAttemptBody(_Body):
-    """Terminal status of an attempt, with the error when it failed."""
+    """Terminal status of an attempt, with the error when it failed and optionally its last spans."""
 
     status: AttemptStatus
     error: str | None = None
+    spans: list[Span] = Field(
+        default_factory=list[Span], description="The attempt's last spans, stored before the status is recorded."
+    )
 
 
 class UpdateMetadataBody(_Body):

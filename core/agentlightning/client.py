@@ -180,11 +180,20 @@ class LightningStoreClient(LightningStore):
         self, worker_id: str | None = None, *, timeout_s: float | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout, long-polling the server up to ``timeout_s``."""
+        return await self._claim(worker_id, timeout_s, start=False)
+
+    async def claim_and_start(
+        self, worker_id: str | None = None, *, timeout_s: float | None = None
+    ) -> ClaimedRollout | None:
+        """Claim the oldest claimable rollout and start its attempt, in one request (long-polling like a claim)."""
+        return await self._claim(worker_id, timeout_s, start=True)
+
+    async def _claim(self, worker_id: str | None, timeout_s: float | None, *, start: bool) -> ClaimedRollout | None:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             wait = None if remaining is None else min(remaining, self.long_poll_s)
-            body = orjson.dumps({"worker_id": worker_id, "timeout_s": wait})
+            body = orjson.dumps({"worker_id": worker_id, "timeout_s": wait, "start": start})
             response = await self._request("POST", "/v1/rollouts/claim", body=body, keyed=True, wait_s=wait or 0.0)
             claimed = m.CLAIMED.validate_json(response.content)
             if claimed is not None or deadline is None or time.monotonic() >= deadline:
@@ -200,6 +209,22 @@ class LightningStoreClient(LightningStore):
     ) -> Attempt:
         """Record an attempt's terminal status and move the rollout accordingly."""
         body = orjson.dumps({"status": status, "error": error})
+        path = f"{_attempt_path(rollout_id, attempt_id)}/finish"
+        response = await self._request("POST", path, body=body, keyed=True)
+        return m.ATTEMPT.validate_json(response.content)
+
+    async def finish_attempt_with_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        spans: Sequence[Span],
+        *,
+        error: str | None = None,
+    ) -> Attempt:
+        """Store an attempt's last spans, then record its terminal status, in one request."""
+        head = orjson.dumps({"status": status, "error": error})
+        body = head[:-1] + b',"spans":' + m.SPANS.dump_json(list(spans)) + b"}"
         path = f"{_attempt_path(rollout_id, attempt_id)}/finish"
         response = await self._request("POST", path, body=body, keyed=True)
         return m.ATTEMPT.validate_json(response.content)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Final
 
 import orjson
@@ -180,11 +180,12 @@ def create_app(
 
     @app.post(f"{v1}/rollouts/claim", response_model=ClaimedRollout | None, tags=["rollouts"])
     async def claim_rollout(body: m.ClaimRolloutBody, request: Request, key: str | None = IdemKey) -> Response:
-        """Claim the oldest claimable rollout, long-polling up to ``timeout_s`` (bounded by the server's limit)."""
+        """Claim the oldest claimable rollout (and start its attempt if asked), long-polling up to ``timeout_s``."""
 
         async def compute() -> Response:
             budget = 0.0 if body.timeout_s is None else wait_budget(body.timeout_s)
-            claimed = await _claim_waiting(store, waker, request, body.worker_id, budget)
+            claim = store.claim_and_start if body.start else store.claim_rollout
+            claimed = await _claim_waiting(claim, waker, request, body.worker_id, budget)
             return _json(m.CLAIMED, claimed)
 
         return await once(f"claim:{key}" if key else None, compute)
@@ -228,10 +229,18 @@ def create_app(
     async def finish_attempt(
         rollout_id: str, attempt_id: str, body: m.FinishAttemptBody, key: str | None = IdemKey
     ) -> Response:
-        """Record an attempt's terminal status; the rollout succeeds, fails or is requeued."""
+        """Store the attempt's last spans if given, then record its terminal status; the rollout moves on."""
+        if len(body.spans) > max_spans_per_request:
+            raise too_many_spans(len(body.spans))
 
         async def compute() -> Response:
-            attempt = await store.finish_attempt(rollout_id, attempt_id, body.status, error=body.error)
+            if body.spans:
+                attempt = await store.finish_attempt_with_spans(
+                    rollout_id, attempt_id, body.status, body.spans, error=body.error
+                )
+                metrics.spans_ingested.labels("rest").inc(len(body.spans))
+            else:
+                attempt = await store.finish_attempt(rollout_id, attempt_id, body.status, error=body.error)
             waker.notify()
             return _json(m.ATTEMPT, attempt)
 
@@ -349,7 +358,11 @@ def _same_span(stored: Span, sent: Span) -> bool:
 
 
 async def _claim_waiting(
-    store: LightningStore, waker: _ClaimWaker, request: Request, worker_id: str | None, budget_s: float
+    claim: Callable[[str | None], Awaitable[ClaimedRollout | None]],
+    waker: _ClaimWaker,
+    request: Request,
+    worker_id: str | None,
+    budget_s: float,
 ) -> ClaimedRollout | None:
     # Non-blocking claims in a loop instead of the store's own waiting claim: a claim made after the caller hung up
     # would leave a rollout claimed by nobody, so the disconnect check sits right before each claim.
@@ -357,7 +370,7 @@ async def _claim_waiting(
     delay = 0.005
     while True:
         changed = waker.current()
-        claimed = await store.claim_rollout(worker_id)
+        claimed = await claim(worker_id)
         remaining = deadline - time.monotonic()
         if claimed is not None or remaining <= 0:
             return claimed

@@ -96,9 +96,7 @@ class SyncLightningStore:
         """Record an attempt's terminal status."""
         return self._call(self.store.finish_attempt(rollout_id, attempt_id, status, error=error))
 
-    def claim_and_start(
-        self, worker_id: str | None = None, *, timeout_s: float | None = None
-    ) -> ClaimedRollout | None:
+    def claim_and_start(self, worker_id: str | None = None, *, timeout_s: float | None = None) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout and start its attempt, waiting up to ``timeout_s``."""
         return self._call(self.store.claim_and_start(worker_id, timeout_s=timeout_s))
 
