@@ -10,7 +10,7 @@ from typing import Any, Final
 import orjson
 
 from agentlightning.store._statemachine import construct
-from agentlightning.types import Attempt, Rollout, RolloutConfig, Span, SpanEvent, SpanLink, SpanStatus
+from agentlightning.types import Attempt, Rollout, RolloutConfig
 
 # (version, description, SQL statements separated by ";"). Append new migrations; never edit a released one.
 MIGRATIONS: Final[tuple[tuple[int, str, str], ...]] = (
@@ -42,6 +42,28 @@ MIGRATIONS: Final[tuple[tuple[int, str, str], ...]] = (
         CREATE TABLE resources (version INTEGER PRIMARY KEY, resources_id TEXT NOT NULL UNIQUE, data BLOB NOT NULL)
         """,
     ),
+    (
+        2,
+        "spans stored as one row per attempt per add_spans call, plus one key row per span",
+        # See _sqlite_spans. Each old row becomes a batch of one; TEXT rows were written by orjson (trusted).
+        """
+        CREATE TABLE span_batches (
+            id INTEGER PRIMARY KEY, rollout_seq INTEGER NOT NULL, attempt_seq INTEGER NOT NULL,
+            first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, trusted INTEGER NOT NULL, data BLOB NOT NULL);
+        CREATE UNIQUE INDEX span_batches_order ON span_batches(rollout_seq, attempt_seq, first_seq);
+        CREATE TABLE span_keys (
+            rollout_seq INTEGER NOT NULL, attempt_seq INTEGER NOT NULL, span_id TEXT NOT NULL,
+            sequence_id INTEGER NOT NULL, PRIMARY KEY (rollout_seq, attempt_seq, span_id)) WITHOUT ROWID;
+        INSERT INTO span_batches (rollout_seq, attempt_seq, first_seq, last_seq, trusted, data)
+            SELECT r.seq, s.attempt_seq, s.sequence_id, s.sequence_id, typeof(s.data) = 'text',
+                CAST('[' || CAST(s.data AS TEXT) || ']' AS BLOB)
+            FROM spans s JOIN rollouts r ON r.rollout_id = s.rollout_id ORDER BY s.id;
+        INSERT INTO span_keys (rollout_seq, attempt_seq, span_id, sequence_id)
+            SELECT r.seq, s.attempt_seq, s.span_id, s.sequence_id
+            FROM spans s JOIN rollouts r ON r.rollout_id = s.rollout_id;
+        DROP TABLE spans
+        """,
+    ),
 )
 
 ROLLOUT_FIELDS: Final = (
@@ -56,7 +78,6 @@ ROLLOUT_COLUMNS: Final = ", ".join(ROLLOUT_FIELDS)
 ATTEMPT_COLUMNS: Final = ", ".join(ATTEMPT_FIELDS)
 SELECT_ROLLOUT: Final = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts"
 SELECT_ATTEMPT: Final = f"SELECT {ATTEMPT_COLUMNS} FROM attempts"
-CHUNK: Final = 500  # bound parameters per IN (...) query, well under SQLite's limit
 
 
 @functools.lru_cache(maxsize=1024)
@@ -115,57 +136,6 @@ def rollout_from_row(row: Sequence[Any]) -> Rollout:
 def attempt_from_row(row: Sequence[Any]) -> Attempt:
     """An Attempt from a ``SELECT ATTEMPT_COLUMNS`` row (validated on its way in)."""
     return construct(Attempt, dict(zip(ATTEMPT_FIELDS, row, strict=True)))
-
-
-# --- span JSON ---------------------------------------------------------------------------------------------------
-# A span is stored as the JSON of its model. orjson over the fields writes the same JSON as pydantic's serializer for
-# a validated span (the models have no aliases or custom serializers; tests/core/store/test_fast_paths.py checks) in
-# a fraction of the time, and reading it back into models without validating it again is several times cheaper
-# than ``model_validate_json``: ingest and span queries were dominated by these two steps.
-#
-# The storage class tells the two apart: JSON written by orjson is stored as TEXT and read back without validation;
-# anything else (rows written before, or by pydantic for what orjson refuses) is a BLOB and is validated. orjson
-# writes integers only within 64 bits and would read larger ones back as floats, so only its own rows are trusted.
-_SPAN_KEYS: Final = frozenset(Span.model_fields)
-_STATUS_KEYS: Final = frozenset(SpanStatus.model_fields)
-_EVENT_KEYS: Final = frozenset(SpanEvent.model_fields)
-_LINK_KEYS: Final = frozenset(SpanLink.model_fields)
-_NESTED_MODELS: Final = frozenset({SpanStatus, SpanEvent, SpanLink})
-
-
-def _model_fields(value: object) -> dict[str, Any]:
-    """orjson's hook for the nested models of a span (status, events, links); anything else goes to pydantic."""
-    if type(value) in _NESTED_MODELS:
-        return vars(value)
-    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
-
-
-def span_to_json(span: Span) -> str | bytes:
-    """The stored JSON of a span: text from orjson, or bytes from pydantic for what orjson cannot write."""
-    try:
-        return orjson.dumps(span.__dict__, default=_model_fields).decode()
-    except TypeError:  # e.g. an integer beyond 64 bits
-        return span.__pydantic_serializer__.to_json(span)
-
-
-def span_from_json(data: str | bytes) -> Span:
-    """A Span from its stored JSON: built without validation from text :func:`span_to_json` wrote."""
-    if isinstance(data, str):
-        fields: dict[str, Any] = orjson.loads(data)
-        status: dict[str, Any] = fields.get("status") or {}
-        events: list[dict[str, Any]] = fields.get("events") or []
-        links: list[dict[str, Any]] = fields.get("links") or []
-        if (
-            fields.keys() == _SPAN_KEYS
-            and status.keys() == _STATUS_KEYS
-            and all(event.keys() == _EVENT_KEYS for event in events)
-            and all(link.keys() == _LINK_KEYS for link in links)
-        ):
-            fields["status"] = construct(SpanStatus, status)
-            fields["events"] = [construct(SpanEvent, event) for event in events]
-            fields["links"] = [construct(SpanLink, link) for link in links]
-            return construct(Span, fields)
-    return Span.model_validate_json(data)
 
 
 # --- state machine rows ------------------------------------------------------------------------------------------

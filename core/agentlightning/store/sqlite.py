@@ -14,13 +14,17 @@ before reading, so a claim's "find the oldest claimable rollout, then mark it pr
 and processes. Readers never block writers (WAL). Within a process one connection, guarded by a lock, serves all
 threads and event loops.
 
+Group commit (:mod:`~agentlightning.store._sqlite_writer`): writes from concurrent callers that are ready at the
+same time share one transaction and one COMMIT, and each caller returns only after that commit, so durability is as
+above; each write still succeeds or fails on its own.
+
 Schema: versioned in code (:data:`MIGRATIONS`, applied in order, recorded in ``schema_version``).
 
 Speed: the cost of a call is mostly SQLite's (statements, and the WAL frames a commit writes: one 4 KiB page per
 table or index page changed), so each op uses few statements: a rollout is read with its attempts in one query
-(:class:`~agentlightning.store._sqlite_schema.SqliteTxn`), new spans go in with one reservation per attempt and one
-insert (duplicates are caught by the unique index, not looked up first), and rows written by the store are read
-back into models without validating them again.
+(:class:`~agentlightning.store._sqlite_schema.SqliteTxn`), the spans one call adds to an attempt are one row plus
+one small key row each (:mod:`~agentlightning.store._sqlite_spans`), and rows written by the store are read back
+into models without validating them again.
 """
 
 from __future__ import annotations
@@ -30,20 +34,13 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
 from typing import Any, Final, Literal
 
 import orjson
 
-from agentlightning.store._sqlite_schema import (
-    CHUNK,
-    MIGRATIONS,
-    SELECT_ROLLOUT,
-    SqliteTxn,
-    rollout_from_row,
-    span_from_json,
-    span_to_json,
-)
+from agentlightning.store._sqlite_schema import MIGRATIONS, SELECT_ROLLOUT, SqliteTxn, rollout_from_row
+from agentlightning.store._sqlite_spans import add_spans, query_spans
+from agentlightning.store._sqlite_writer import GroupCommitWriter, Reading, WriteTransaction
 from agentlightning.store._statemachine import (
     ChangeNotifier,
     attempt_not_found,
@@ -58,8 +55,6 @@ from agentlightning.store._statemachine import (
     op_update_metadata,
     rollout_not_found,
     span_attempt_keys,
-    span_attempt_not_found,
-    span_with_sequence_id,
     wait_until,
 )
 from agentlightning.store.base import LightningStore, NotFoundError, SortOrder, StoreError, StoreStatistics
@@ -86,16 +81,6 @@ _NOTIFIERS_LOCK = threading.Lock()
 POLL_S: Final = 0.02
 WAL_CHECKPOINT_PAGES: Final = 4000  # 16 MB of WAL with 4 KiB pages; durability does not depend on it
 _ANY_CLAIMABLE: Final = "SELECT 1 FROM rollouts WHERE status IN ('queuing', 'requeuing') LIMIT 1"
-_INSERT_SPAN: Final = (
-    "INSERT INTO spans (rollout_id, attempt_seq, sequence_id, attempt_id, span_id, name, data) VALUES (?,?,?,?,?,?,?)"
-)
-# Reserves sequence ids for a batch of new spans of one attempt and counts the batch as a heartbeat when the attempt
-# is live (a superseded, terminal one keeps its state); returns the attempt's sequence and its new span count.
-_RESERVE_SPANS: Final = (
-    "UPDATE attempts SET span_count = span_count + ?, last_heartbeat_time = CASE WHEN status IN "
-    "('preparing', 'running') THEN ? ELSE last_heartbeat_time END WHERE attempt_id = ? AND rollout_id = ? "
-    "RETURNING sequence_id, span_count"
-)
 
 
 class SqliteLightningStore(LightningStore):
@@ -132,8 +117,8 @@ class SqliteLightningStore(LightningStore):
         )
         self._txn = SqliteTxn(self._conn)
         self._queue_looked_empty = True  # see _claim_now
-        self._writing = _WriteTransaction(self._lock, self._txn, self._connection)
-        self._reading = _Reading(self._lock, self._txn, self._connection)
+        self._writer = GroupCommitWriter(self._lock, self._txn, self._connection)
+        self._reading = Reading(self._lock, self._txn, self._connection)
         with _NOTIFIERS_LOCK:
             self._notifier = _NOTIFIERS.setdefault(os.path.realpath(self.path), ChangeNotifier())
         try:
@@ -149,7 +134,7 @@ class SqliteLightningStore(LightningStore):
 
     # --- plumbing ------------------------------------------------------------------------------------------------
     def _migrate(self) -> None:
-        with self._write() as conn:
+        with WriteTransaction(self._lock, self._txn, self._connection) as conn:
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS schema_version "
                 "(version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_time INTEGER NOT NULL)"
@@ -182,31 +167,27 @@ class SqliteLightningStore(LightningStore):
             raise StoreError(f"SqliteLightningStore({self.path!r}) is closed; open a new one")
         return self._conn
 
-    def _write(self) -> _WriteTransaction:
-        """One write transaction (``with``), committed (durably) on exit or rolled back entirely on error."""
-        return self._writing
-
-    def _read(self) -> _Reading:
+    def _read(self) -> Reading:
         """Reads under the store lock (``with``); each statement sees one committed snapshot."""
         return self._reading
 
     # --- rollout queue -------------------------------------------------------------------------------------------
     async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         """Enqueue rollouts in order, in one transaction; returns them in ``queuing``."""
-        with self._write():
-            rollouts = op_enqueue(self._txn, requests, self._clock())
+        now = self._clock()
+        rollouts = await self._writer.write(lambda: op_enqueue(self._txn, requests, now))
         self._notifier.notify()
         return rollouts
 
-    def _claim_now(self, worker_id: str | None) -> ClaimedRollout | None:
+    async def _claim_now(self, worker_id: str | None) -> ClaimedRollout | None:
         if self._queue_looked_empty:
             # A read first: idle runners polling an empty queue must not queue up for the write lock. Skipped while
             # claims succeed (the read would cost a busy queue a statement per claim and find a rollout anyway).
             with self._read() as conn:
                 if conn.execute(_ANY_CLAIMABLE).fetchone() is None:
                     return None
-        with self._write():
-            claimed = op_claim(self._txn, worker_id, self._clock())
+        now = self._clock()
+        claimed = await self._writer.write(lambda: op_claim(self._txn, worker_id, now))
         self._queue_looked_empty = claimed is None
         return claimed
 
@@ -215,42 +196,45 @@ class SqliteLightningStore(LightningStore):
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout, waiting up to ``timeout_s`` for one."""
         if timeout_s is None:
-            return self._claim_now(worker_id)
-        result: ClaimedRollout | None = await wait_until(
-            self._notifier, lambda: self._claim_now(worker_id), timeout_s, time.monotonic, POLL_S
-        )
-        return result
+            return await self._claim_now(worker_id)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            generation = self._notifier.generation  # read before trying, so a change in between wakes the wait
+            claimed = await self._claim_now(worker_id)
+            remaining = min(POLL_S, deadline - time.monotonic())
+            if claimed is not None or remaining <= 0:
+                return claimed
+            await self._notifier.wait(generation, remaining)
 
     async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Mark a claimed attempt and its rollout ``running``."""
-        with self._write():
-            return op_start(self._txn, rollout_id, attempt_id, self._clock())
+        now = self._clock()
+        return await self._writer.write(lambda: op_start(self._txn, rollout_id, attempt_id, now))
 
     async def finish_attempt(
         self, rollout_id: str, attempt_id: str, status: AttemptStatus, *, error: str | None = None
     ) -> Attempt:
         """Record the attempt's terminal status; the rollout succeeds, is requeued, or fails."""
-        with self._write():
-            attempt = op_finish(self._txn, rollout_id, attempt_id, status, error, self._clock())
+        now = self._clock()
+        attempt = await self._writer.write(lambda: op_finish(self._txn, rollout_id, attempt_id, status, error, now))
         self._notifier.notify()
         return attempt
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a non-terminal rollout so it is never claimed again."""
-        with self._write():
-            rollout = op_cancel(self._txn, rollout_id, self._clock())
+        now = self._clock()
+        rollout = await self._writer.write(lambda: op_cancel(self._txn, rollout_id, now))
         self._notifier.notify()
         return rollout
 
     async def update_rollout_metadata(self, rollout_id: str, metadata: Mapping[str, Any]) -> Rollout:
         """Merge keys into a rollout's metadata."""
-        with self._write():
-            return op_update_metadata(self._txn, rollout_id, metadata)
+        return await self._writer.write(lambda: op_update_metadata(self._txn, rollout_id, metadata))
 
     async def heartbeat(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Record that a live attempt is alive."""
-        with self._write():
-            return op_heartbeat(self._txn, rollout_id, attempt_id, self._clock())
+        now = self._clock()
+        return await self._writer.write(lambda: op_heartbeat(self._txn, rollout_id, attempt_id, now))
 
     # --- spans ---------------------------------------------------------------------------------------------------
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
@@ -258,106 +242,8 @@ class SqliteLightningStore(LightningStore):
         keys = span_attempt_keys(spans)
         if not spans:
             return []
-        with self._write() as conn:
-            now = self._clock()
-            try:
-                return self._add_new_spans(conn, spans, keys, now)
-            except sqlite3.IntegrityError:
-                # The unique (attempt_id, span_id) index caught a span stored before (a retried batch) or repeated
-                # in the batch: start over and look the stored ones up. Looking first would cost every batch.
-                conn.execute("ROLLBACK")
-                conn.execute("BEGIN IMMEDIATE")
-                self._txn.reset()
-            return self._add_spans_looked_up(conn, spans, keys, now)
-
-    def _add_new_spans(
-        self, conn: sqlite3.Connection, spans: Sequence[Span], keys: list[tuple[str, str]], now: int
-    ) -> list[Span]:
-        """Insert the batch assuming every span is new: one statement per attempt plus the insert."""
-        counts: dict[tuple[str, str], int]
-        if len(keys) == 1:
-            counts = {keys[0]: len(spans)}
-        else:
-            counts = dict.fromkeys(keys, 0)
-            for span in spans:
-                counts[(span.rollout_id, span.attempt_id)] += 1
-        # (rollout_id, attempt_id) -> [attempt sequence, last span sequence id given out]
-        state: dict[tuple[str, str], list[int]] = {}
-        for key, count in counts.items():
-            reserved = conn.execute(_RESERVE_SPANS, (count, now, key[1], key[0])).fetchall()
-            if not reserved:
-                raise span_attempt_not_found(self._txn, *key)
-            attempt_seq, span_count = reserved[0]
-            state[key] = [attempt_seq, span_count - count]
-        stored: list[Span] = []
-        rows: list[tuple[Any, ...]] = []
-        for span in spans:
-            entry = state[(span.rollout_id, span.attempt_id)]
-            entry[1] = sequence_id = entry[1] + 1
-            copy = span_with_sequence_id(span, sequence_id)
-            stored.append(copy)
-            rows.append(
-                (span.rollout_id, entry[0], sequence_id, span.attempt_id, span.span_id, span.name, span_to_json(copy))
-            )
-        conn.executemany(_INSERT_SPAN, rows)
-        return stored
-
-    def _add_spans_looked_up(
-        self, conn: sqlite3.Connection, spans: Sequence[Span], keys: list[tuple[str, str]], now: int
-    ) -> list[Span]:
-        """Insert the spans not stored yet; the stored ones are returned as stored."""
-        # attempt_id -> [attempt sequence, spans stored so far, live?]
-        state: dict[str, list[Any]] = {}
-        for rollout_id, attempt_id in keys:
-            row = conn.execute(
-                "SELECT sequence_id, span_count, status IN ('preparing', 'running') FROM attempts "
-                "WHERE attempt_id = ? AND rollout_id = ?",
-                (attempt_id, rollout_id),
-            ).fetchone()
-            if row is None:
-                raise span_attempt_not_found(self._txn, rollout_id, attempt_id)
-            state[attempt_id] = list(row)
-        existing = self._existing_spans(conn, spans)
-        stored: list[Span] = []
-        rows: list[tuple[Any, ...]] = []
-        for span in spans:
-            key = (span.attempt_id, span.span_id)
-            found = existing.get(key)
-            if found is None:
-                entry = state[span.attempt_id]
-                entry[1] += 1
-                found = span_with_sequence_id(span, entry[1])
-                existing[key] = found
-                rows.append(
-                    (span.rollout_id, entry[0], entry[1], span.attempt_id, span.span_id, span.name, span_to_json(found))
-                )
-            stored.append(found)
-        conn.executemany(_INSERT_SPAN, rows)
-        # A span proves life only for its own attempt; a superseded (terminal) one keeps its state.
-        conn.executemany(
-            "UPDATE attempts SET span_count = ?, "
-            "last_heartbeat_time = CASE WHEN ? THEN ? ELSE last_heartbeat_time END WHERE attempt_id = ?",
-            [(entry[1], entry[2], now, attempt_id) for attempt_id, entry in state.items()],
-        )
-        return stored
-
-    @staticmethod
-    def _existing_spans(conn: sqlite3.Connection, spans: Sequence[Span]) -> dict[tuple[str, str], Span]:
-        by_attempt: dict[str, list[str]] = {}
-        for span in spans:
-            by_attempt.setdefault(span.attempt_id, []).append(span.span_id)
-        found: dict[tuple[str, str], Span] = {}
-        for attempt_id, span_ids in by_attempt.items():
-            for i in range(0, len(span_ids), CHUNK):
-                chunk = span_ids[i : i + CHUNK]
-                marks = ",".join("?" * len(chunk))
-                rows = conn.execute(
-                    f"SELECT span_id, data FROM spans WHERE attempt_id = ? AND span_id IN ({marks})",
-                    (attempt_id, *chunk),
-                )
-                for span_id, data in rows:
-                    found[(attempt_id, span_id)] = span_from_json(data)
-        return found
+        now = self._clock()
+        return await self._writer.write(lambda: add_spans(self._txn, spans, keys, now))
 
     async def query_spans(
         self,
@@ -370,29 +256,20 @@ class SqliteLightningStore(LightningStore):
         offset: int = 0,
     ) -> list[Span]:
         """Spans of a rollout in (attempt, sequence_id) order, filtered and paged."""
-        sql = "SELECT data FROM spans WHERE rollout_id = ? AND sequence_id > ?"
-        params: list[Any] = [rollout_id, after_sequence_id]
-        with self._read():
+        with self._read() as conn:
             rollout = self._txn.get_rollout(rollout_id)
             if rollout is None:
                 raise rollout_not_found(rollout_id)
+            attempt_seq: int | None = None
             if attempt_id == "latest":
-                sql += " AND attempt_seq = ?"
-                params.append(rollout.num_attempts)
+                attempt_seq = rollout.num_attempts
             elif attempt_id is not None:
                 attempt = self._txn.get_attempt(rollout_id, attempt_id)
                 if attempt is None:
                     known = (a.attempt_id for a in self._txn.list_attempts(rollout_id))
                     raise attempt_not_found(rollout_id, attempt_id, known)
-                sql += " AND attempt_seq = ?"
-                params.append(attempt.sequence_id)
-            if name is not None:
-                sql += " AND name = ?"
-                params.append(name)
-            sql += " ORDER BY attempt_seq, sequence_id LIMIT ? OFFSET ?"
-            params += [-1 if limit is None else limit, offset]
-            rows = self._txn.conn.execute(sql, params).fetchall()
-        return [span_from_json(row[0]) for row in rows]
+                attempt_seq = attempt.sequence_id
+            return query_spans(conn, rollout_id, attempt_seq, name, after_sequence_id, limit, offset)
 
     # --- queries -------------------------------------------------------------------------------------------------
     async def get_rollout(self, rollout_id: str) -> Rollout:
@@ -481,15 +358,19 @@ class SqliteLightningStore(LightningStore):
     # --- resources -----------------------------------------------------------------------------------------------
     async def add_resources(self, resources: Mapping[str, Resource]) -> ResourcesSnapshot:
         """Store a new immutable snapshot; it becomes the latest (versions 1, 2, 3, ...)."""
-        with self._write() as conn:
-            version = conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM resources").fetchone()[0]
-            snapshot = ResourcesSnapshot(
-                resources_id=new_id("rs"), version=version, create_time=self._clock(), resources=dict(resources)
-            )
-            conn.execute(
-                "INSERT INTO resources (version, resources_id, data) VALUES (?, ?, ?)",
-                (version, snapshot.resources_id, snapshot.model_dump_json()),
-            )
+        now = self._clock()
+        return await self._writer.write(lambda: self._add_resources(resources, now))
+
+    def _add_resources(self, resources: Mapping[str, Resource], now: int) -> ResourcesSnapshot:
+        conn = self._txn.conn
+        version = conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM resources").fetchone()[0]
+        snapshot = ResourcesSnapshot(
+            resources_id=new_id("rs"), version=version, create_time=now, resources=dict(resources)
+        )
+        conn.execute(
+            "INSERT INTO resources (version, resources_id, data) VALUES (?, ?, ?)",
+            (version, snapshot.resources_id, snapshot.model_dump_json()),
+        )
         return snapshot
 
     async def get_resources(self, resources_id: str | None = None) -> ResourcesSnapshot | None:
@@ -514,8 +395,8 @@ class SqliteLightningStore(LightningStore):
     # --- operations ----------------------------------------------------------------------------------------------
     async def check_timeouts(self, now: int | None = None) -> list[Attempt]:
         """Watchdog tick: end attempts past their timeout or heartbeat timeout."""
-        with self._write():
-            changed = op_check_timeouts(self._txn, self._clock() if now is None else now)
+        at = self._clock() if now is None else now
+        changed = await self._writer.write(lambda: op_check_timeouts(self._txn, at))
         if changed:
             self._notifier.notify()
         return changed
@@ -525,9 +406,9 @@ class SqliteLightningStore(LightningStore):
         with self._read() as conn:
             rollouts = dict(conn.execute("SELECT status, COUNT(*) FROM rollouts GROUP BY status").fetchall())
             attempts = dict(conn.execute("SELECT status, COUNT(*) FROM attempts GROUP BY status").fetchall())
-            # CAST: LENGTH counts characters of TEXT (new rows) and bytes of BLOBs (older rows).
+            # A batch holds consecutive sequence ids; its data is a BLOB, so LENGTH counts bytes.
             spans, span_bytes = conn.execute(
-                "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(data AS BLOB))), 0) FROM spans"
+                "SELECT COALESCE(SUM(last_seq - first_seq + 1), 0), COALESCE(SUM(LENGTH(data)), 0) FROM span_batches"
             ).fetchone()
             resources = conn.execute("SELECT COUNT(*) FROM resources").fetchone()[0]
         return StoreStatistics(
@@ -546,72 +427,3 @@ class SqliteLightningStore(LightningStore):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
-
-
-class _WriteTransaction:
-    """``BEGIN IMMEDIATE`` under the store lock on enter; ``COMMIT`` on a clean exit, ``ROLLBACK`` on an error.
-
-    A class rather than a ``contextlib`` generator, made once per store: every store call opens one, and this costs
-    a third as much. Not re-entrant (the lock is not).
-    """
-
-    __slots__ = ("_connection", "_lock", "_txn")
-
-    def __init__(self, lock: threading.Lock, txn: SqliteTxn, connection: Callable[[], sqlite3.Connection]) -> None:
-        self._lock = lock
-        self._txn = txn
-        self._connection = connection
-
-    def __enter__(self) -> sqlite3.Connection:
-        self._lock.acquire()
-        try:
-            conn = self._connection()
-            self._txn.reset()
-            conn.execute("BEGIN IMMEDIATE")
-        except BaseException:
-            self._lock.release()
-            raise
-        return conn
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        conn = self._txn.conn
-        try:
-            if kind is None:
-                try:
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:  # a failed COMMIT leaves it open
-                        conn.execute("ROLLBACK")
-                    raise
-            elif conn.in_transaction:
-                conn.execute("ROLLBACK")
-        finally:
-            self._lock.release()
-
-
-class _Reading:
-    """The store lock for reads, with the rows the state machine's access remembered forgotten (made once per store)."""
-
-    __slots__ = ("_connection", "_lock", "_txn")
-
-    def __init__(self, lock: threading.Lock, txn: SqliteTxn, connection: Callable[[], sqlite3.Connection]) -> None:
-        self._lock = lock
-        self._txn = txn
-        self._connection = connection
-
-    def __enter__(self) -> sqlite3.Connection:
-        self._lock.acquire()
-        try:
-            conn = self._connection()
-            self._txn.reset()
-        except BaseException:
-            self._lock.release()
-            raise
-        return conn
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self._lock.release()

@@ -1,7 +1,8 @@
 """The store's shortcuts around pydantic and SQL give the same results as the slow, obvious way.
 
-Covers the span JSON codec (orjson in, models built without validation out), the unvalidated model helpers of the
-state machine, ids, and the SQLite store's optimistic span insert and per-call row cache.
+Covers the span batch codec (orjson in, models built without validation out), the unvalidated model helpers of the
+state machine, ids, the SQLite store's optimistic span insert and per-call row cache, and the migration of spans
+stored one row each (schema version 1) to batches.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import orjson
 import pytest
 
 from agentlightning.store import SqliteLightningStore
-from agentlightning.store._sqlite_schema import span_from_json, span_to_json
+from agentlightning.store._sqlite_schema import ROLLOUT_COLUMNS, rollout_values
+from agentlightning.store._sqlite_spans import decode_spans, encode_spans
 from agentlightning.store._statemachine import construct, new_id, replace, span_with_sequence_id
+from agentlightning.store.sqlite import MIGRATIONS
 from agentlightning.types import Attempt, Rollout, Span, SpanEvent, SpanLink, SpanStatus
 from tests.core.store.fakes import make_span, spans_of
 
@@ -62,39 +65,54 @@ SPANS = [
 ]
 
 
+def _one(data: bytes, trusted: bool) -> Span:
+    """The only span of a stored batch."""
+    (span,) = decode_spans(data, trusted, 7)
+    return span
+
+
 @pytest.mark.parametrize("span", SPANS)
 def test_span_json_is_pydantics_json(span: Span) -> None:
-    assert orjson.loads(span_to_json(span)) == orjson.loads(span.__pydantic_serializer__.to_json(span))
+    data, _trusted = encode_spans([span])
+    assert orjson.loads(data) == [orjson.loads(span.__pydantic_serializer__.to_json(span))]
 
 
 @pytest.mark.parametrize("span", [s for s in SPANS if "nan" not in s.attributes])
 def test_span_json_round_trips_like_validation(span: Span) -> None:
-    for data in (span_to_json(span), span.__pydantic_serializer__.to_json(span)):
-        read = span_from_json(data)
-        validated = Span.model_validate_json(data)
+    pydantic_batch = b"[" + span.__pydantic_serializer__.to_json(span) + b"]"
+    for data, trusted in (encode_spans([span]), (pydantic_batch, False)):
+        read = _one(data, trusted)
+        validated = Span.model_validate_json(data[1:-1])
         assert read.model_dump(mode="json") == validated.model_dump(mode="json")
         assert read.model_fields_set == validated.model_fields_set
         assert type(read.status) is SpanStatus
         assert all(type(e) is SpanEvent for e in read.events) and all(type(k) is SpanLink for k in read.links)
 
 
+def test_batch_numbers_its_spans_from_first_seq() -> None:
+    data, trusted = encode_spans(SPANS[:2])
+    assert trusted
+    assert [s.sequence_id for s in decode_spans(data, trusted, 41)] == [41, 42]
+    assert [s.span_id for s in decode_spans(data, trusted, 41)] == [s.span_id for s in SPANS[:2]]
+
+
 def test_non_finite_floats_read_back_as_null() -> None:
     # JSON has no NaN or infinity: both serializers write null, which validation would then refuse to read.
-    read = span_from_json(span_to_json(SPANS[2]))
+    read = _one(*encode_spans([SPANS[2]]))
     assert read.attributes["nan"] is None and read.attributes["inf"] is None
 
 
 def test_big_integers_survive_the_round_trip() -> None:
-    stored = span_to_json(SPANS[3])
-    assert isinstance(stored, bytes)  # pydantic wrote it, so it is validated when read
-    read = span_from_json(stored)
+    data, trusted = encode_spans([SPANS[0], SPANS[3]])
+    assert not trusted  # pydantic wrote the batch, so it is validated when read
+    read = decode_spans(data, trusted, 1)[1]
     assert read.attributes["huge"] == 2**64 + 1 and isinstance(read.attributes["huge"], int)
 
 
 def test_stored_json_missing_a_field_is_validated_with_its_default() -> None:
-    data = orjson.loads(span_to_json(SPANS[0]))
-    del data["resource"]  # e.g. a row written before a field was added
-    read = span_from_json(orjson.dumps(data).decode())
+    data = orjson.loads(encode_spans([SPANS[0]])[0])
+    del data[0]["resource"]  # e.g. a row written before a field was added
+    read = _one(orjson.dumps(data), True)
     assert read.resource == {} and "resource" not in read.model_fields_set
 
 
@@ -152,29 +170,60 @@ async def test_retried_batch_after_a_failed_fast_insert_leaves_no_trace(tmp_path
     await store.close()
 
 
-async def test_spans_written_before_are_still_read(tmp_path: Path) -> None:
-    """Rows from before the orjson codec (pydantic's JSON as a BLOB) read as they did; new rows are TEXT."""
-    db = tmp_path / "old-rows.db"
+def _version_1_database(path: Path, spans: list[Span]) -> None:
+    """A database as schema version 1 left it: one row per span, TEXT from orjson or pydantic's BLOB."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, description TEXT, applied_time INTEGER)")
+    version, description, statements = MIGRATIONS[0]
+    for statement in statements.split(";"):
+        conn.execute(statement)
+    conn.execute("INSERT INTO schema_version VALUES (?, ?, 0)", (version, description))
+    rollout = Rollout(rollout_id="ro-old", input={"q": 1}, enqueue_time=1, status="running", num_attempts=2)
+    conn.execute(f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rollout_values(rollout))
+    for seq, status in ((1, "failed"), (2, "running")):
+        conn.execute(
+            "INSERT INTO attempts (rollout_id, attempt_id, sequence_id, status, start_time, span_count) "
+            "VALUES ('ro-old', ?, ?, ?, 1, ?)",
+            (f"at-{seq}", seq, status, sum(1 for s in spans if s.attempt_id == f"at-{seq}")),
+        )
+    for span in spans:
+        attempt_seq = int(span.attempt_id.split("-")[1])
+        data = span.__pydantic_serializer__.to_json(span)
+        stored: str | bytes = data if span.name == "blob" else orjson.dumps(orjson.loads(data)).decode()
+        conn.execute(
+            "INSERT INTO spans (rollout_id, attempt_seq, sequence_id, attempt_id, span_id, name, data) "
+            "VALUES (?,?,?,?,?,?,?)",
+            (span.rollout_id, attempt_seq, span.sequence_id, span.attempt_id, span.span_id, span.name, stored),
+        )
+    conn.close()
+
+
+async def test_spans_stored_one_row_each_are_migrated_to_batches(tmp_path: Path) -> None:
+    """Schema version 1 databases open with their spans: order, 'latest', duplicates and counts as before."""
+    old = [
+        _span(rollout_id="ro-old", attempt_id="at-1", sequence_id=1, span_id=f"{1:016x}", name="text"),
+        _span(rollout_id="ro-old", attempt_id="at-2", sequence_id=1, span_id=f"{2:016x}", name="blob"),
+        _span(rollout_id="ro-old", attempt_id="at-2", sequence_id=2, span_id=f"{3:016x}", name="text"),
+    ]
+    db = tmp_path / "v1.db"
+    _version_1_database(db, old)
     store = SqliteLightningStore(db)
-    await store.enqueue_rollout(1)
-    claimed = await store.claim_rollout("w")
-    assert claimed is not None
-    new, old = await store.add_spans([make_span(claimed, 0, name="café"), make_span(claimed, 1)])
+    assert store.schema_version == MIGRATIONS[-1][0]
+    assert await store.query_spans("ro-old") == old
+    assert await store.query_spans("ro-old", "latest") == old[1:]
+    assert await store.query_spans("ro-old", "at-2", name="blob") == [old[1]]
+    # A retried old span is returned as stored; a new one follows the old ones.
+    new = _span(rollout_id="ro-old", attempt_id="at-2", span_id=f"{9:016x}")
+    again = await store.add_spans([old[2].model_copy(update={"sequence_id": 0}), new])
+    assert again == [old[2], new.model_copy(update={"sequence_id": 3})]
+    assert [s.sequence_id for s in await store.query_spans("ro-old", "at-2")] == [1, 2, 3]
+    stats = await store.statistics()
+    assert stats.total_spans == 4 and stats.span_bytes > 4 * 300
     await store.close()
     with sqlite3.connect(db) as conn:
-        old_json = old.__pydantic_serializer__.to_json(old.model_copy(update={"name": "naïve"}))
-        conn.execute("UPDATE spans SET data = ? WHERE span_id = ?", (old_json, old.span_id))
-        kinds = dict(conn.execute("SELECT span_id, typeof(data) FROM spans").fetchall())
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     conn.close()
-    assert kinds == {new.span_id: "text", old.span_id: "blob"}
-    store = SqliteLightningStore(db)
-    read = await store.query_spans(claimed.rollout.rollout_id)
-    assert read == [new, old.model_copy(update={"name": "naïve"})]
-    stats = await store.statistics()
-    new_json = span_to_json(new)
-    assert isinstance(new_json, str)
-    assert stats.span_bytes == len(new_json.encode()) + len(old_json)  # bytes, not characters
-    await store.close()
+    assert "spans" not in tables and {"span_batches", "span_keys"} <= tables
 
 
 async def test_two_stores_on_one_file_see_each_others_changes(tmp_path: Path) -> None:
