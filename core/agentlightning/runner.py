@@ -2,9 +2,11 @@
 
 One :class:`Runner` drives ``n_workers`` asyncio tasks against one :class:`LightningStore` (local, or a
 :class:`~agentlightning.client.LightningStoreClient`). Per claimed rollout a worker fetches the resources snapshot the
-attempt names (else the latest), starts the attempt, runs the agent inside :func:`rollout_context` with the rollout's
-``timeout_s`` while heartbeating, emits the returned reward as a reward span, flushes the tracer so every span is in
-the store, and only then finishes the attempt — so an algorithm that sees a rollout succeed reads all of its spans.
+attempt names (else the latest), runs the agent inside :func:`rollout_context` with the rollout's ``timeout_s``
+while heartbeating, emits the returned reward as a reward span, flushes the tracer, and only then finishes the
+attempt together with its last spans — so an algorithm that sees a rollout succeed reads all of its spans. Claims
+start the attempt in the same call (``claim_and_start``); against a remote store the attempt's spans are held and
+sent with its heartbeats and its finish (:mod:`agentlightning._held_spans`): two requests per short rollout.
 Sync agents run on their own daemon thread each, so they neither block the loop nor keep a stopped process alive
 when they hang. Agent errors fail the attempt (``"<ExceptionType>: <message>"``) and the worker moves on.
 """
@@ -22,10 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agentlightning._held_spans import HeldSpanSink
 from agentlightning.agent import LitAgent, as_agent, normalize_reward
 from agentlightning.extras import flush_loaded_integrations
 from agentlightning.store.base import LightningStore, StoreError
-from agentlightning.types import Attempt, AttemptStatus, ClaimedRollout, ResourcesSnapshot, Rollout
+from agentlightning.types import Attempt, AttemptStatus, ClaimedRollout, ResourcesSnapshot, Rollout, Span
 
 if TYPE_CHECKING:
     from agentlightning.tracing import LightningTracer
@@ -112,9 +115,15 @@ async def _call_in_thread(function: Callable[..., Any], args: list[Any], kwargs:
     return await future
 
 
-# Process-wide tracers installed by runners: id(tracer) -> (the store it writes to, runners using it).
+async def _ended(task: asyncio.Task[None]) -> None:
+    """Wait until a cancelled task has run its cleanup (``asyncio.wait`` does not raise the task's outcome)."""
+    await asyncio.wait([task])
+
+
+# Process-wide tracers installed by runners: id(tracer) -> (the store it writes to, runners using it, its sink when
+# that holds the spans of running attempts).
 _shared_lock = threading.Lock()
-_shared_tracers: dict[int, tuple[LightningStore, int]] = {}
+_shared_tracers: dict[int, tuple[LightningStore, int, HeldSpanSink | None]] = {}
 
 
 class _Flusher:
@@ -193,6 +202,7 @@ class Runner:
         self._tracer = tracer
         self._owned_tracer: LightningTracer | None = None
         self._flusher: _Flusher | None = None
+        self._held: HeldSpanSink | None = None
         self._stop = threading.Event()  # threading, not asyncio: stop() may come from a signal handler or thread
         self._resources: dict[str, ResourcesSnapshot] = {}
         self._budget: int | None = None
@@ -237,7 +247,8 @@ class Runner:
         share it (counted; the last one out shuts it down). A local store (memory, SQLite) is thread-safe, so the
         sink stores spans on the exporter thread's own loop: a SQLite commit (fsync) on the runner's loop would stall
         every worker (bench/runner.py: 60 -> 400 rollouts/s). Any other store (the HTTP client) is awaited on the
-        runner's loop, where its connection pool lives and is closed with it.
+        runner's loop, where its connection pool lives and is closed with it, and its sink holds the spans of
+        running attempts so that they reach the store with the attempt's heartbeats and finish (fewer requests).
         """
         if self._tracer is not None:
             return self._tracer
@@ -249,12 +260,16 @@ class Runner:
             current = get_lightning_tracer()
             shared = _shared_tracers.get(id(current)) if current is not None else None
             if current is not None and shared is not None and shared[0] is self.store:
-                _shared_tracers[id(current)] = (self.store, shared[1] + 1)
+                _shared_tracers[id(current)] = (self.store, shared[1] + 1, shared[2])
+                self._held = shared[2]
             else:
-                local = isinstance(self.store, InMemoryLightningStore | SqliteLightningStore)
-                loop = None if local else asyncio.get_running_loop()
-                current = init_tracing(StoreSpanSink(self.store, loop=loop))
-                _shared_tracers[id(current)] = (self.store, 1)
+                if isinstance(self.store, InMemoryLightningStore | SqliteLightningStore):
+                    self._held = None
+                    current = init_tracing(StoreSpanSink(self.store))
+                else:
+                    self._held = HeldSpanSink(StoreSpanSink(self.store, loop=asyncio.get_running_loop()))
+                    current = init_tracing(self._held)
+                _shared_tracers[id(current)] = (self.store, 1, self._held)
         self._owned_tracer = current
         return current
 
@@ -264,10 +279,11 @@ class Runner:
             return
         from agentlightning.tracing import get_lightning_tracer, shutdown_tracing
 
+        self._held = None
         with _shared_lock:
-            store, users = _shared_tracers.pop(id(tracer), (self.store, 1))
+            store, users, held = _shared_tracers.pop(id(tracer), (self.store, 1, None))
             if users > 1:
-                _shared_tracers[id(tracer)] = (store, users - 1)
+                _shared_tracers[id(tracer)] = (store, users - 1, held)
                 return
         # In a thread: shutting down drains the queue through the sink, which may block on the store.
         if get_lightning_tracer() is tracer:
@@ -301,7 +317,7 @@ class Runner:
             except Exception:  # store down or restarting: back off, keep the worker alive
                 self._return_budget()
                 failures += 1
-                logger.warning("worker %s: claim_rollout failed (%d in a row)", worker_id, failures, exc_info=True)
+                logger.warning("worker %s: claim failed (%d in a row)", worker_id, failures, exc_info=True)
                 await asyncio.sleep(min(5.0, 0.1 * 2**failures))
                 continue
             failures = 0
@@ -317,25 +333,38 @@ class Runner:
         change and every 20 ms): 48 idle workers each polling cost thousands of queries a second on the event loop,
         while the learner updates in the same process (bench/learning.py). Claims while work is queued don't wait.
         """
-        claimed = await self.store.claim_rollout(worker_id)
+        claimed = await self.store.claim_and_start(worker_id)
         if claimed is not None or self._claim_gate is None:
             return claimed
         async with self._claim_gate:
             if self._stopping(stop_event):
                 return None
-            return await self.store.claim_rollout(worker_id, timeout_s=self.poll_interval_s)
+            return await self.store.claim_and_start(worker_id, timeout_s=self.poll_interval_s)
 
     async def run_attempt(self, claimed: ClaimedRollout, worker_id: str) -> AttemptOutcome:
-        """Run one claimed attempt to its end and record the outcome in the store."""
-        from agentlightning.tracing import rollout_context
-
+        """Run one claimed attempt (started already, or still preparing) to its end and record the outcome."""
         rollout, attempt = claimed.rollout, claimed.attempt
         self.stats.claimed += 1
         try:
             resources = await self._resources_for(rollout, attempt)
-            attempt = await self.store.start_attempt(rollout.rollout_id, attempt.attempt_id)
+            if attempt.status == "preparing":
+                attempt = await self.store.start_attempt(rollout.rollout_id, attempt.attempt_id)
         except Exception as exc:
             return await self._finish(rollout, attempt, worker_id, "failed", describe_exception(exc))
+        if self._held is not None:
+            self._held.hold(rollout.rollout_id, attempt.attempt_id)
+        try:
+            return await self._run_started(rollout, attempt, resources, worker_id)
+        finally:
+            if self._held is not None:  # normally released by _finish; only an abandoned attempt leaves spans here
+                left = self._held.release(rollout.rollout_id, attempt.attempt_id)
+                if left:
+                    logger.warning("dropped %d spans of abandoned attempt %s", len(left), attempt.attempt_id)
+
+    async def _run_started(
+        self, rollout: Rollout, attempt: Attempt, resources: ResourcesSnapshot | None, worker_id: str
+    ) -> AttemptOutcome:
+        from agentlightning.tracing import rollout_context
 
         status: AttemptStatus = "succeeded"
         error: str | None = None
@@ -365,10 +394,11 @@ class Runner:
             # The runner itself is being torn down mid-attempt: say so now rather than leave the attempt to the
             # watchdog, then let the cancellation continue.
             error = "RunnerStopped: the runner was cancelled while the agent was running"
-            await asyncio.shield(self._finish(rollout, attempt, worker_id, "failed", error))
+            await asyncio.shield(self._finish(rollout, attempt, worker_id, "failed", error, heartbeat))
             raise
         finally:
             heartbeat.cancel()
+        await _ended(heartbeat)  # it may hold spans it took: they must be back before the finish takes them all
         if self._flusher is not None and not await self._flusher.flush():
             logger.warning(
                 "spans of rollout %s may be incomplete: the tracer lost some or timed out", rollout.rollout_id
@@ -418,20 +448,45 @@ class Runner:
     async def _heartbeat(self, rollout_id: str, attempt_id: str, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
+            # Held spans go out instead of a bare heartbeat (a span is one); undelivered ones go back for the next.
+            held = self._held.take(rollout_id, attempt_id) if self._held is not None else []
             try:
-                await self.store.heartbeat(rollout_id, attempt_id)
+                if held:
+                    await self.store.add_spans(held)
+                else:
+                    await self.store.heartbeat(rollout_id, attempt_id)
             except StoreError as exc:  # the attempt is no longer live (watchdog, cancel): nothing to keep alive
+                self._put_back(rollout_id, attempt_id, held)
                 logger.warning("heartbeat for %s/%s refused, stopping heartbeats: %s", rollout_id, attempt_id, exc)
                 return
-            except Exception:  # transient (connection): the next beat may get through
+            except BaseException as exc:  # transient (connection): the next beat may get through; or cancelled
+                self._put_back(rollout_id, attempt_id, held)
+                if not isinstance(exc, Exception):
+                    raise
                 logger.debug("heartbeat for %s/%s failed", rollout_id, attempt_id, exc_info=True)
 
+    def _put_back(self, rollout_id: str, attempt_id: str, spans: list[Span]) -> None:
+        if spans and self._held is not None:
+            self._held.put_back(rollout_id, attempt_id, spans)
+
     async def _finish(
-        self, rollout: Rollout, attempt: Attempt, worker_id: str, status: AttemptStatus, error: str | None
+        self,
+        rollout: Rollout,
+        attempt: Attempt,
+        worker_id: str,
+        status: AttemptStatus,
+        error: str | None,
+        heartbeat: asyncio.Task[None] | None = None,
     ) -> AttemptOutcome:
+        if heartbeat is not None:
+            heartbeat.cancel()
+            await _ended(heartbeat)
         recorded = True
+        held = self._held.release(rollout.rollout_id, attempt.attempt_id) if self._held is not None else []
         try:
-            await self.store.finish_attempt(rollout.rollout_id, attempt.attempt_id, status, error=error)
+            await self.store.finish_attempt_with_spans(
+                rollout.rollout_id, attempt.attempt_id, status, held, error=error
+            )
         except Exception as exc:  # the watchdog timed it out first, or the store is unreachable: count, go on
             recorded = False
             logger.warning(
