@@ -4,8 +4,10 @@ Run: ``.venv/bin/python -m bench.store_http`` (``--quick`` for a smaller run). T
 backend with its default durability) runs in a separate process, so client and server do not share a GIL.
 - spans/s: one attempt, batches of 100 realistic LLM spans (~700 bytes each, ``bench.store.make_spans``) sent by
   4 concurrent tasks through one client.
-- cycles/s: 32 concurrent workers (asyncio tasks sharing one client), each repeating enqueue -> claim -> start ->
-  add 10 spans (one batch) -> finish succeeded: five requests per rollout.
+- cycles/s: 32 concurrent workers (asyncio tasks sharing one client), each repeating enqueue -> claim and start ->
+  finish succeeded carrying its 10 spans: three requests per rollout, the calls a runner makes (``Runner`` claims
+  with ``claim_and_start`` and sends a short attempt's spans with ``finish_attempt_with_spans``). ``--separate``
+  measures the older five-request cycle (enqueue, claim, start, add spans, finish) instead.
 Prints the median of several runs in wall-clock time (the machine is shared, so neighbours slow it down) and the
 figure of a baseline run against the in-process SQLite store without HTTP, side by side.
 Targets (issue 3): >= 5,000 spans/s and >= 200 rollouts/s over loopback.
@@ -105,20 +107,29 @@ async def bench_spans(store: LightningStore, total: int) -> float:
     return total / (time.perf_counter() - began)
 
 
-async def bench_cycles(store: LightningStore, total: int, workers: int = WORKERS) -> float:
-    """Full cycles/s: enqueue -> claim -> start -> 10 spans -> succeed, by ``workers`` concurrent workers."""
+async def bench_cycles(store: LightningStore, total: int, workers: int = WORKERS, *, separate: bool = False) -> float:
+    """Full cycles/s: enqueue -> claim and start -> 10 spans and succeed, by ``workers`` concurrent workers.
+
+    ``separate``: claim, start, add spans and finish as four calls (five requests per rollout instead of three).
+    """
     template = make_spans("ro-x", "at-x", SPANS_PER_CYCLE)
     per_worker = total // workers
 
     async def worker(n: int) -> None:
         for _ in range(per_worker):
             await store.enqueue_rollout({"worker": n})
-            claimed = await store.claim_rollout(f"w{n}", timeout_s=10)
+            if separate:
+                claimed = await store.claim_rollout(f"w{n}", timeout_s=10)
+                assert claimed is not None
+                rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+                await store.start_attempt(rid, aid)
+                await store.add_spans(_readdress(template, rid, aid))
+                await store.finish_attempt(rid, aid, "succeeded")
+                continue
+            claimed = await store.claim_and_start(f"w{n}", timeout_s=10)
             assert claimed is not None
             rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
-            await store.start_attempt(rid, aid)
-            await store.add_spans(_readdress(template, rid, aid))
-            await store.finish_attempt(rid, aid, "succeeded")
+            await store.finish_attempt_with_spans(rid, aid, "succeeded", _readdress(template, rid, aid))
 
     began = time.perf_counter()
     await asyncio.gather(*(worker(n) for n in range(workers)))
@@ -149,9 +160,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="fewer spans and rollouts per run")
     parser.add_argument("--runs", type=int, default=3, help="runs per figure (the median is printed)")
+    parser.add_argument("--workers", default="", help="comma-separated worker counts: only HTTP cycles at each")
+    parser.add_argument("--separate", action="store_true", help="cycles as five requests (claim, start, spans apart)")
     args = parser.parse_args()
     spans_total = 5_000 if args.quick else 20_000
     cycles_total = 320 if args.quick else 1_600
+    if args.workers:
+        _cycles_only(args.runs, cycles_total, [int(w) for w in args.workers.split(",")], args.separate)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         with server_process(Path(tmp) / "server.db") as (url, pid):
@@ -166,7 +182,7 @@ def main() -> None:
             async def http_cycles() -> float:
                 client = LightningStoreClient(url)
                 try:
-                    return await bench_cycles(client, cycles_total)
+                    return await bench_cycles(client, cycles_total, separate=args.separate)
                 finally:
                     await client.close()
 
@@ -180,7 +196,7 @@ def main() -> None:
             return await bench_spans(local, spans_total)
 
         async def local_cycles() -> float:
-            return await bench_cycles(local, cycles_total)
+            return await bench_cycles(local, cycles_total, separate=args.separate)
 
         local_spans_rate = _median(args.runs, local_spans)
         local_cycles_rate = _median(args.runs, local_cycles)
@@ -197,6 +213,24 @@ def main() -> None:
     ):
         verdict = "ok" if wall >= target else ("ok on idle cores" if cpu >= target else "BELOW")
         print(f"{label:<44}{wall:>11,.0f}{cpu:>16,.0f}{in_process:>12,.0f}{target:>9,.0f}  {verdict}")
+
+
+def _cycles_only(runs: int, total: int, worker_counts: list[int], separate: bool) -> None:
+    """HTTP rollouts/s at each worker count (at least 2 rollouts per worker), no spans/s and no in-process baseline."""
+    with tempfile.TemporaryDirectory() as tmp, server_process(Path(tmp) / "server.db") as (url, pid):
+        for workers in worker_counts:
+            cycles = max(total, 2 * workers) // workers * workers
+
+            async def http_cycles(cycles: int = cycles, workers: int = workers) -> float:
+                client = LightningStoreClient(url)
+                try:
+                    return await bench_cycles(client, cycles, workers, separate=separate)
+                finally:
+                    await client.close()
+
+            asyncio.run(http_cycles())  # warm up
+            wall, cpu = _median(runs, http_cycles, pid)
+            print(f"rollouts/s full cycle over HTTP, {workers:>3} workers: {wall:>7,.0f} wall, {cpu:>7,.0f} cpu-bound")
 
 
 if __name__ == "__main__":

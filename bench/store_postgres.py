@@ -3,9 +3,9 @@
 Run: ``.venv/bin/python -m bench.store_postgres`` (``--quick`` for a smaller run; ``--dsn`` to use your own
 PostgreSQL instead of a throwaway cluster started here). The store server is ``--server-workers`` uvicorn
 processes sharing one listening socket (as ``uvicorn --workers`` does), all on one PostgreSQL database. The 64
-workers are asyncio tasks spread over ``--client-processes`` processes, each repeating enqueue -> claim -> start ->
-add 10 spans (one batch) -> finish succeeded: five requests per rollout (the cycle of ``bench.store_http``); the
-same cycles run in process (no HTTP) for comparison.
+workers are asyncio tasks spread over ``--client-processes`` processes, each repeating enqueue -> claim and start ->
+finish succeeded carrying 10 spans: three requests per rollout, the calls a runner makes (the cycle of
+``bench.store_http``); the same cycles run in process (no HTTP) for comparison.
 Prints the wall-clock rate and, because the machine is shared, CPU-time-normalised figures: CPU seconds per 1,000
 rollouts (= ms per rollout) for the server, PostgreSQL and the clients, the rate one fully used core of server +
 PostgreSQL sustains, the cores 1,000 rollouts/s would take in each role, and the load average while measured (a

@@ -2,8 +2,9 @@
 
 - ingest: a fresh default store (``SqliteLightningStore`` on a file, default settings: WAL, synchronous NORMAL, an
   acknowledged write survives kill -9), one attempt, spans added in batches of 100;
-- cycle: enqueue -> claim -> start -> 10 spans (one ``add_spans``) -> finish succeeded, by concurrent asyncio tasks,
-  on a fresh store in process, or through one ``LightningStoreClient`` to an ``agl store`` server;
+- cycle: enqueue -> claim and start (``claim_and_start``) -> finish succeeded with its 10 spans
+  (``finish_attempt_with_spans``), the calls ``Runner`` makes, by concurrent asyncio tasks, on a fresh store in
+  process, or through one ``LightningStoreClient`` to an ``agl store`` server (three requests per rollout);
 - tracer: LLM-call spans (``start_as_current_span`` with GenAI attributes) on the agent's thread inside
   ``rollout_context``, through ``LightningTracer`` with a ``StoreSpanSink`` into the default store.
 
@@ -102,13 +103,10 @@ async def _cycles(store: LightningStore, total: int, workers: int) -> dict[str, 
             await store.enqueue_rollout({"worker": index, "task": n})
             claimed = None
             while claimed is None:  # another worker may have taken ours; the queue is never empty for long
-                claimed = await store.claim_rollout(f"w{index}")
+                claimed = await store.claim_and_start(f"w{index}")
             rollout_id, attempt_id = claimed.rollout.rollout_id, claimed.attempt.attempt_id
-            await store.start_attempt(rollout_id, attempt_id)
-            await store.add_spans(
-                [span.model_copy(update={"rollout_id": rollout_id, "attempt_id": attempt_id}) for span in template]
-            )
-            await store.finish_attempt(rollout_id, attempt_id, "succeeded")
+            spans = [span.model_copy(update={"rollout_id": rollout_id, "attempt_id": attempt_id}) for span in template]
+            await store.finish_attempt_with_spans(rollout_id, attempt_id, "succeeded", spans)
 
     watch = Stopwatch()
     await asyncio.gather(*(worker(i) for i in range(workers)))
