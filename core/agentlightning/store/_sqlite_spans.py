@@ -138,14 +138,23 @@ def add_spans(txn: SqliteTxn, spans: Sequence[Span], keys: list[tuple[str, str]]
     conn = txn.conn
     conn.execute("SAVEPOINT spans")
     try:
-        stored = _add_new(txn, spans, keys, now)
-    except sqlite3.IntegrityError:
-        # The span_keys primary key caught a span stored before (a retried batch) or repeated in the batch: undo and
-        # look the stored ones up. Looking first would cost every batch.
-        conn.execute("ROLLBACK TO spans")
-        txn.reset()
-        stored = _add_looked_up(txn, spans, keys, now)
+        try:
+            stored = _add_new(txn, spans, keys, now)
+        except sqlite3.IntegrityError:
+            # The span_keys primary key caught a span stored before (a retried batch) or repeated in the batch: undo
+            # and look the stored ones up. Looking first would cost every batch.
+            conn.execute("ROLLBACK TO spans")
+            txn.reset()
+            stored = _add_looked_up(txn, spans, keys, now)
+    except BaseException:
+        if conn.in_transaction:  # e.g. spans of a known and an unknown attempt: the first one's rows go too
+            conn.execute("ROLLBACK TO spans")
+            conn.execute("RELEASE spans")
+        raise
     conn.execute("RELEASE spans")
+    # The attempts' heartbeats changed behind the row cache: a later write of this transaction must not put back
+    # what the cache remembers.
+    txn.reset()
     return stored
 
 
