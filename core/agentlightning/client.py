@@ -1,6 +1,7 @@
 """LightningStoreClient: a :class:`LightningStore` backed by a store server, so code does not care where the store is.
 
-Usable from any number of event loops and threads (one pooled ``httpx.AsyncClient`` per running loop); wrap it in
+Usable from any number of event loops and threads (one connection pool per running loop: a lean HTTP/1.1 pool for
+``http://`` URLs, ``httpx`` for ``https://`` and custom transports); wrap it in
 :class:`agentlightning.store.SyncLightningStore` for blocking use. Connection errors and 5xx answers are retried
 with exponential backoff; every operation is safe to retry (span ingest is idempotent, and enqueue, claim, start,
 finish, cancel and add-resources carry an ``Idempotency-Key`` so a retry acts once). A 4xx raises the same error
@@ -20,13 +21,14 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Final, Literal, NoReturn
-from urllib.parse import quote
+from urllib.parse import quote, urlencode, urlsplit
 
 import httpx
 import orjson
 from pydantic import TypeAdapter
 
 from agentlightning import _wire as m
+from agentlightning._http11 import Answer, Http11Pool, TransportFailure
 from agentlightning.store.base import (
     IllegalTransitionError,
     LightningStore,
@@ -55,6 +57,9 @@ _JSON_HEADERS: Final = {"content-type": "application/json"}
 # httpcore's pool scans every connection (polling idle sockets) for each request, so its cost per request grows
 # with the pool; 32 busy workers on one pool spent most of their CPU there. Small pools behind one client fix that.
 _SHARDS: Final = 8
+
+
+_Sender = httpx.AsyncClient | Http11Pool
 
 
 class StoreUnavailableError(StoreError, ConnectionError):
@@ -97,24 +102,34 @@ class LightningStoreClient(LightningStore):
         self._limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
         self._transport_factory = transport_factory
         self._lock = threading.Lock()
-        self._clients: dict[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, AsyncGenerator[None, None]]] = {}
+        self._max_connections = max_connections
+        parsed = urlsplit(self.url)
+        # Plain HTTP goes through the lean pool (see agentlightning._http11); TLS and custom transports use httpx.
+        plain = parsed.scheme == "http" and parsed.hostname is not None and transport_factory is None
+        self._plain = (parsed.hostname or "", parsed.port or 80) if plain else None
+        self._base_path = parsed.path
+        self._clients: dict[asyncio.AbstractEventLoop, tuple[_Sender, AsyncGenerator[None, None]]] = {}
 
     def __repr__(self) -> str:
         return f"LightningStoreClient({self.url!r})"
 
     # --- transport -------------------------------------------------------------------------------------------------
-    async def _client(self) -> httpx.AsyncClient:
+    async def _client(self) -> _Sender:
         loop = asyncio.get_running_loop()
         entry = self._clients.get(loop)
         if entry is not None:
             return entry[0]
-        if self._transport_factory is not None:
-            transport = self._transport_factory()
+        client: _Sender
+        if self._plain is not None:
+            client = Http11Pool(self._plain[0], self._plain[1], max_connections=self._max_connections)
         else:
-            transport = _ShardedTransport(self._limits, self._shards)
-        client = httpx.AsyncClient(
-            base_url=self.url, headers=self._headers, limits=self._limits, timeout=None, transport=transport
-        )
+            if self._transport_factory is not None:
+                transport = self._transport_factory()
+            else:
+                transport = _ShardedTransport(self._limits, self._shards)
+            client = httpx.AsyncClient(
+                base_url=self.url, headers=self._headers, limits=self._limits, timeout=None, transport=transport
+            )
         closer = _close_with_loop(client)
         # First step registers the generator with the loop: asyncio.run() (and SyncLightningStore.close via
         # shutdown_asyncgens) then closes the pool when the loop ends, instead of leaking its sockets.
@@ -140,29 +155,30 @@ class LightningStoreClient(LightningStore):
         params: Mapping[str, Any] | None = None,
         keyed: bool = False,
         wait_s: float = 0.0,
-    ) -> httpx.Response:
+    ) -> Answer:
         client = await self._client()
         headers = dict(_JSON_HEADERS) if body is not None else {}
         if keyed:
             headers[m.IDEMPOTENCY_HEADER] = uuid.uuid4().hex  # the same key on every retry of this call
         timeout = self.timeout_s + wait_s
-        url = self.url + path  # absolute: httpx parses it once instead of parsing and merging with base_url
         failure = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
                 delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
                 await asyncio.sleep(delay * (0.5 + random.random() / 2))  # jitter: retrying workers spread out
             try:
-                response = await client.request(
-                    method, url, content=body, params=params, headers=headers, timeout=timeout
-                )
-            except httpx.TransportError as exc:  # connect/read errors and timeouts
+                if isinstance(client, Http11Pool):
+                    target = self._base_path + path + (f"?{urlencode(params)}" if params else "")
+                    response = await client.request(method, target, {**self._headers, **headers}, body, timeout)
+                else:
+                    response = await _send_httpx(client, method, self.url + path, body, params, headers, timeout)
+            except (httpx.TransportError, TransportFailure) as exc:  # connect/read errors and timeouts
                 failure = f"{type(exc).__name__}: {exc}"
                 continue
             if response.status_code < 300:
                 return response
             if response.status_code < 500:
-                _raise_client_error(response, method, path)
+                _raise_client_error(response, method, path, self.url)
             failure = f"HTTP {response.status_code}: {_detail(response)}"
         raise StoreUnavailableError(
             f"store server at {self.url} failed {method} {path} after {self.max_retries + 1} tries ({failure}); "
@@ -398,7 +414,7 @@ def _ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-async def _close_with_loop(client: httpx.AsyncClient) -> AsyncGenerator[None, None]:
+async def _close_with_loop(client: _Sender) -> AsyncGenerator[None, None]:
     try:
         yield
     finally:
@@ -418,17 +434,32 @@ def _attempt_path(rollout_id: str, attempt_id: str) -> str:
     return f"{_rollout_path(rollout_id)}/attempts/{_segment(attempt_id)}"
 
 
-def _detail(response: httpx.Response) -> str:
+async def _send_httpx(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    body: bytes | None,
+    params: Mapping[str, Any] | None,
+    headers: dict[str, str],
+    timeout_s: float,
+) -> Answer:
+    # The absolute url: httpx parses it once instead of parsing and merging it with base_url.
+    response = await client.request(method, url, content=body, params=params, headers=headers, timeout=timeout_s)
+    return Answer(response.status_code, response.headers, response.content)
+
+
+def _detail(response: Answer) -> str:
+    text = response.content[:500].decode("utf-8", "replace")
     try:
         payload = orjson.loads(response.content)
     except orjson.JSONDecodeError:
-        return response.text[:500] or response.reason_phrase
+        return text or f"HTTP {response.status_code}"
     if isinstance(payload, dict) and "detail" in payload:
         return str(payload["detail"])  # pyright: ignore[reportUnknownArgumentType] -- JSON object
-    return response.text[:500]
+    return text
 
 
-def _raise_client_error(response: httpx.Response, method: str, path: str) -> NoReturn:
+def _raise_client_error(response: Answer, method: str, path: str, url: str) -> NoReturn:
     detail = _detail(response)
     code = response.status_code
     kind = response.headers.get(m.ERROR_KIND_HEADER)
@@ -437,10 +468,10 @@ def _raise_client_error(response: httpx.Response, method: str, path: str) -> NoR
     if kind == "IllegalTransitionError":
         raise IllegalTransitionError(detail)
     if code in (401, 403):
-        raise PermissionError(f"store server at {response.request.url.host} refused {method} {path}: {detail}")
+        raise PermissionError(f"store server at {urlsplit(url).hostname} refused {method} {path}: {detail}")
     if code == 404 and kind is None:
         raise NotFoundError(
-            f"{detail}: {method} {path} matches no route of the server at {response.request.url.host} "
+            f"{detail}: {method} {path} matches no route of the server at {urlsplit(url).hostname} "
             "(an empty id, or not an Agent Lightning store server of this version)"
         )
     if code == 409:
