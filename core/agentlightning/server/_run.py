@@ -74,10 +74,19 @@ def open_store(backend: str = "sqlite", *, path: str | None = None, dsn: str | N
     raise ValueError(f"unknown store backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
+def _http_protocol() -> Any:
+    try:
+        from agentlightning.server._corked import CorkedHttpProtocol
+    except ImportError:  # no httptools: uvicorn's h11, uncorked
+        return "auto"
+    return CorkedHttpProtocol
+
+
 def _uvicorn_config(app: Any, host: str, port: int, log_level: str) -> uvicorn.Config:
-    # http="auto" takes httptools (a dependency of the server extra; about twice h11's speed), h11 when it is
-    # missing. Lifespan off: the store's life is managed here, around the server. Proxy headers off: nothing here
-    # reads the client address (no access log), so rewriting it from X-Forwarded-For on every request is waste.
+    # The protocol is what http="auto" takes — httptools (a dependency of the server extra; about twice h11's
+    # speed), h11 when it is missing — with corked writes (server/_corked.py). Lifespan off: the store's life is
+    # managed here, around the server. Proxy headers off: nothing here reads the client address (no access log),
+    # so rewriting it from X-Forwarded-For on every request is waste.
     return uvicorn.Config(
         app,
         host=host,
@@ -86,7 +95,7 @@ def _uvicorn_config(app: Any, host: str, port: int, log_level: str) -> uvicorn.C
         access_log=False,
         lifespan="off",
         loop="asyncio",
-        http="auto",
+        http=_http_protocol(),
         proxy_headers=False,
     )
 

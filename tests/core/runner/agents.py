@@ -16,9 +16,9 @@ COUNTING_SPANS = 3
 
 @rollout
 async def counting(task: dict[str, Any]) -> float:
-    """Emit two messages and return the task's reward."""
+    """Emit two messages and return the task's reward (after ``task["sleep"]`` seconds, if given)."""
     emit_message(f"start {task['i']}")
-    await asyncio.sleep(0)
+    await asyncio.sleep(task.get("sleep", 0))
     emit_message(f"end {task['i']}")
     return float(task["i"] % 7)
 

@@ -49,7 +49,9 @@ async def test_200_rollouts_across_2_runner_processes_over_http(
     with StoreServer(lambda: SqliteLightningStore(tmp_path / "store.db", synchronous="NORMAL")) as server:
         client = LightningStoreClient(server.url)
         try:
-            rollouts = await client.enqueue_rollouts([RolloutRequest(input={"i": i}) for i in range(200)])
+            # Each rollout takes 0.2 s, so one process alone would need 5 s: the other is up long before that.
+            requests = [RolloutRequest(input={"i": i, "sleep": 0.2}) for i in range(200)]
+            rollouts = await client.enqueue_rollouts(requests)
             # One `agl runner --processes 2`: the parent starts two runner processes and forwards SIGTERM to them.
             parent = spawn_runner(server.url, "counting", "fleet", workers=8, processes=2)
             processes.append(parent)
