@@ -53,7 +53,8 @@ class Http11Pool:
     def __init__(self, host: str, port: int, *, max_connections: int) -> None:
         self.host = host
         self.port = port
-        self._host_header = f"host: {host}:{port}\r\n".encode("latin-1")
+        netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 address goes in brackets
+        self._host_header = f"host: {netloc}\r\n".encode("latin-1")
         self._idle: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)
         self._closed = False

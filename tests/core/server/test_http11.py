@@ -79,7 +79,8 @@ async def test_one_connection_serves_many_requests(
         assert (answer.status_code, answer.headers["content-type"], answer.content) == (200, "application/json", b"{}")
     assert server.connections == 1
     first = server.requests[0]
-    assert first.startswith(b"POST /v1/x?a=1 HTTP/1.1\r\n") and b"authorization: Bearer t\r\n" in first
+    assert first.startswith(b"POST /v1/x?a=1 HTTP/1.1\r\nhost: 127.0.0.1:%d\r\n" % pool.port)
+    assert b"authorization: Bearer t\r\n" in first
     assert first.endswith(b'content-length: 7\r\n\r\n{"k":1}')
 
 
