@@ -33,6 +33,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Literal
 
@@ -40,7 +41,7 @@ import orjson
 
 from agentlightning.store._sqlite_schema import MIGRATIONS, SELECT_ROLLOUT, SqliteTxn, rollout_from_row
 from agentlightning.store._sqlite_spans import add_spans, query_spans
-from agentlightning.store._sqlite_writer import GroupCommitWriter, Reading, WriteTransaction
+from agentlightning.store._sqlite_writer import GroupCommitWriter, Reading, WalCheckpointer, WriteTransaction
 from agentlightning.store._statemachine import (
     ChangeNotifier,
     attempt_not_found,
@@ -79,7 +80,9 @@ __all__ = ["MIGRATIONS", "SqliteLightningStore"]
 _NOTIFIERS: dict[str, ChangeNotifier] = {}
 _NOTIFIERS_LOCK = threading.Lock()
 POLL_S: Final = 0.02
-WAL_CHECKPOINT_PAGES: Final = 4000  # 16 MB of WAL with 4 KiB pages; durability does not depend on it
+# SQLite's own checkpoint, in the committing call, only when the background one (_sqlite_writer.WalCheckpointer)
+# falls behind: 64 MB of WAL with 4 KiB pages. Durability does not depend on checkpoints.
+WAL_CHECKPOINT_PAGES: Final = 16000
 _ANY_CLAIMABLE: Final = "SELECT 1 FROM rollouts WHERE status IN ('queuing', 'requeuing') LIMIT 1"
 
 
@@ -117,15 +120,16 @@ class SqliteLightningStore(LightningStore):
         )
         self._txn = SqliteTxn(self._conn)
         self._queue_looked_empty = True  # see _claim_now
-        self._writer = GroupCommitWriter(self._lock, self._txn, self._connection)
+        self._checkpointer = WalCheckpointer(self.path, busy_timeout_s)
+        # A store dropped without close() must not leave its thread behind.
+        weakref.finalize(self, self._checkpointer.close)
+        self._writer = GroupCommitWriter(self._lock, self._txn, self._connection, self._checkpointer.kick)
         self._reading = Reading(self._lock, self._txn, self._connection)
         with _NOTIFIERS_LOCK:
             self._notifier = _NOTIFIERS.setdefault(os.path.realpath(self.path), ChangeNotifier())
         try:
             self._conn.execute("PRAGMA journal_mode = WAL")
             self._conn.execute(f"PRAGMA synchronous = {synchronous}")
-            # Checkpoint (copy the WAL into the database file, with two fsyncs) every WAL_CHECKPOINT_PAGES instead
-            # of SQLite's 1000: state transitions rewrite the same few pages, which a checkpoint then copies once.
             self._conn.execute(f"PRAGMA wal_autocheckpoint = {WAL_CHECKPOINT_PAGES}")
             self._migrate()
         except BaseException:
@@ -423,6 +427,7 @@ class SqliteLightningStore(LightningStore):
 
     async def close(self) -> None:
         """Close the connection; closing twice is a no-op."""
+        self._checkpointer.close()  # first: the last connection to close checkpoints and removes the WAL
         with self._lock:
             if self._conn is not None:
                 self._conn.close()

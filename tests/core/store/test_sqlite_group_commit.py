@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import cast
 
@@ -129,6 +130,24 @@ async def test_a_span_heartbeat_is_kept_by_a_later_write_in_the_same_transaction
     assert attempt.status == "succeeded" and attempt.last_heartbeat_time > started.last_heartbeat_time
     assert spans[0].sequence_id == 1
     await store.close()
+
+
+def test_checkpoints_run_in_the_background_and_stop_with_the_store(tmp_path: Path) -> None:
+    db = tmp_path / "checkpoint.db"
+    store = SyncLightningStore(SqliteLightningStore(db))
+    store.enqueue_rollouts([RolloutRequest(input="x" * 1000) for _ in range(300)])
+    assert f"agentlightning-sqlite-checkpoint {db}" in {t.name for t in threading.enumerate()}
+    assert os.path.getsize(db) < 300_000  # committed to the WAL; only a checkpoint copies pages into the file
+    for _ in range(200):
+        if os.path.getsize(db) >= 300_000:
+            break
+        time.sleep(0.01)
+    assert os.path.getsize(db) >= 300_000
+    store.close()
+    assert not [t for t in threading.enumerate() if t.name == f"agentlightning-sqlite-checkpoint {db}"]
+    again = SyncLightningStore(SqliteLightningStore(db))
+    assert len(again.query_rollouts()) == 300
+    again.close()
 
 
 def test_writes_from_many_threads_and_loops_all_land(tmp_path: Path) -> None:
