@@ -135,14 +135,31 @@ def _insert(conn: sqlite3.Connection, rollout_seq: int, attempt_seq: int, first:
 
 def add_spans(txn: SqliteTxn, spans: Sequence[Span], keys: list[tuple[str, str]], now: int) -> list[Span]:
     """Store spans idempotently inside the open transaction; returns them with their sequence ids, as stored."""
+    # The span_keys primary key catches a span stored before (a retried batch) or repeated in the batch; then the
+    # stored ones are looked up. Looking first would cost every batch.
+    if len(keys) == 1:
+        try:
+            stored = _add_new(txn, spans, keys, now)
+        except sqlite3.IntegrityError:
+            # Only the reservation was written (SQLite undoes the failed key insert, one statement): the lookup
+            # path takes its count back and writes the same heartbeat, so no savepoint is needed.
+            stored = _add_looked_up(txn, spans, keys, now, reserved=len(spans))
+    else:
+        stored = _add_in_savepoint(txn, spans, keys, now)
+    # The attempts' heartbeats changed behind the row cache: a later write of this transaction must not put back
+    # what the cache remembers.
+    txn.reset()
+    return stored
+
+
+def _add_in_savepoint(txn: SqliteTxn, spans: Sequence[Span], keys: list[tuple[str, str]], now: int) -> list[Span]:
+    """Spans of several attempts: a duplicate found for one attempt undoes the rows written for the others."""
     conn = txn.conn
     conn.execute("SAVEPOINT spans")
     try:
         try:
             stored = _add_new(txn, spans, keys, now)
         except sqlite3.IntegrityError:
-            # The span_keys primary key caught a span stored before (a retried batch) or repeated in the batch: undo
-            # and look the stored ones up. Looking first would cost every batch.
             conn.execute("ROLLBACK TO spans")
             txn.reset()
             stored = _add_looked_up(txn, spans, keys, now)
@@ -152,9 +169,6 @@ def add_spans(txn: SqliteTxn, spans: Sequence[Span], keys: list[tuple[str, str]]
             conn.execute("RELEASE spans")
         raise
     conn.execute("RELEASE spans")
-    # The attempts' heartbeats changed behind the row cache: a later write of this transaction must not put back
-    # what the cache remembers.
-    txn.reset()
     return stored
 
 
@@ -191,8 +205,13 @@ def _stored_spans(
     return found
 
 
-def _add_looked_up(txn: SqliteTxn, spans: Sequence[Span], keys: list[tuple[str, str]], now: int) -> list[Span]:
-    """Insert the spans not stored yet; the stored ones (and repeats within the batch) are returned as stored."""
+def _add_looked_up(
+    txn: SqliteTxn, spans: Sequence[Span], keys: list[tuple[str, str]], now: int, *, reserved: int = 0
+) -> list[Span]:
+    """Insert the spans not stored yet; the stored ones (and repeats within the batch) are returned as stored.
+
+    ``reserved``: sequence ids a failed fast insert reserved for the (single) attempt, given back here.
+    """
     conn = txn.conn
     stored: dict[tuple[str, str], Span] = {}  # (attempt_id, span_id) -> span as stored
     heartbeats: list[tuple[int, bool, int, str]] = []
@@ -201,6 +220,7 @@ def _add_looked_up(txn: SqliteTxn, spans: Sequence[Span], keys: list[tuple[str, 
         if row is None:
             raise span_attempt_not_found(txn, rollout_id, attempt_id)
         rollout_seq, attempt_seq, count, live = row
+        count -= reserved
         ids = orjson.dumps(list({s.span_id: None for s in members})).decode()
         known = dict(conn.execute(_STORED_KEYS, (rollout_seq, attempt_seq, ids)).fetchall())
         for span in _stored_spans(conn, rollout_seq, attempt_seq, known.values()).values():
