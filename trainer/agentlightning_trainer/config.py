@@ -25,7 +25,21 @@ class PolicySpec(BaseModel):
     d_model: int = Field(default=64, gt=0, description="Tiny GPT hidden width.")
     n_heads: int = Field(default=4, gt=0, description="Tiny GPT attention heads.")
     max_seq_len: int = Field(default=256, gt=0, description="Tiny GPT longest prompt + response.")
+    reply_words: tuple[str, ...] | None = Field(
+        default=None,
+        description="Tiny GPT: the only tokens it may generate (each one token of its tokenizer; list '<|end|>' to "
+        "let it stop before max_tokens): a CPU task's reduced action space, as in constrained decoding. None = its "
+        "whole vocabulary.",
+    )
     hf_model: str | None = Field(default=None, description="HF model id or local path when kind='hf'.")
+
+    @model_validator(mode="after")
+    def _check(self) -> PolicySpec:
+        if self.reply_words is not None and self.kind != "tiny_gpt":
+            raise ValueError("reply_words restricts the tiny GPT's replies; a Hugging Face model ('hf') takes none")
+        if self.reply_words is not None and not self.reply_words:
+            raise ValueError("reply_words=() would leave the tiny GPT nothing to say; pass None for no restriction")
+        return self
 
 
 class LightningRLConfig(BaseModel):

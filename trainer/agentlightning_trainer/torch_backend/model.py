@@ -20,6 +20,9 @@ class TinyGPTConfig(BaseModel):
     d_model: int = Field(default=64, gt=0, description="Hidden width.")
     n_heads: int = Field(default=4, gt=0, description="Attention heads; must divide d_model.")
     max_seq_len: int = Field(default=256, gt=0, description="Longest prompt + response the model can see.")
+    reply_token_ids: tuple[int, ...] | None = Field(
+        default=None, description="The only token ids the model may predict (the others get a -1e9 logit); None = all."
+    )
 
 
 class _Block(nn.Module):
@@ -65,6 +68,14 @@ class TinyGPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.d_model)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.value_head = nn.Linear(config.d_model, 1)
+        # Not persistent: the restriction comes from the config, so weights stay loadable with or without it.
+        banned = torch.zeros(config.vocab_size, dtype=torch.bool)
+        if config.reply_token_ids is not None:
+            if not config.reply_token_ids or not all(0 <= i < config.vocab_size for i in config.reply_token_ids):
+                raise ValueError(f"reply_token_ids must be non-empty ids below vocab_size {config.vocab_size}")
+            banned[:] = True
+            banned[list(config.reply_token_ids)] = False
+        self.register_buffer("banned", banned, persistent=False)
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding):
                 nn.init.normal_(module.weight, std=0.02)
@@ -104,4 +115,8 @@ class TinyGPT(nn.Module):
             x, kv = block(x, mask[:, None, :, :], None if past is None else past[i])
             cache.append(kv)
         h = self.ln_f(x)
-        return self.lm_head(h), self.value_head(h).squeeze(-1), cache
+        logits = self.lm_head(h)
+        if self.config.reply_token_ids is not None:
+            # A large finite value, not -inf: a banned target (e.g. in SFT data) then gives a big loss, not NaN.
+            logits = logits.masked_fill(self.banned, -1e9)
+        return logits, self.value_head(h).squeeze(-1), cache

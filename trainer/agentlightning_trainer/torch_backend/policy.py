@@ -103,6 +103,20 @@ def _load_hf(name: str) -> tuple[nn.Module, ChatTokenizer, int]:
     return _HFWithValueHead(model), _HFTokenizer(tokenizer), max_len
 
 
+def _reply_token_ids(tokenizer: WordCharTokenizer, words: Sequence[str]) -> tuple[int, ...]:
+    """The token ids of ``reply_words``; each word must be exactly one token (the end token is ``<|end|>``)."""
+    ids: list[int] = []
+    for word in words:
+        encoded = tokenizer.encode(word)
+        if len(encoded) != 1:
+            raise ValueError(
+                f"reply word {word!r} is {len(encoded)} tokens of the tiny GPT's tokenizer; each reply word must be "
+                "one token (add it to the policy's words)"
+            )
+        ids.append(encoded[0])
+    return tuple(dict.fromkeys(ids))
+
+
 class Policy:
     """A causal LM and its tokenizer: sample completions with logprobs, and score responses for training."""
 
@@ -123,6 +137,7 @@ class Policy:
             return cls(spec, module, hf_tok, max_len)
         tokenizer = WordCharTokenizer(spec.words)
         config = TinyGPTConfig(
+            reply_token_ids=None if spec.reply_words is None else _reply_token_ids(tokenizer, spec.reply_words),
             vocab_size=tokenizer.vocab_size,
             n_layers=spec.n_layers,
             d_model=spec.d_model,
