@@ -79,6 +79,21 @@ def test_overfull_attempt_is_sent_at_once_and_kept_when_that_fails() -> None:
         HeldSpanSink(inner, max_held=0)
 
 
+def test_a_bucket_older_than_max_hold_s_goes_out_with_the_next_export() -> None:
+    inner = ListSpanSink()
+    sink = HeldSpanSink(inner, max_hold_s=0.05)
+    sink.hold("ro-1", "at-1")
+    sink.export([_span("at-1", 0)])
+    assert inner.spans == []
+    time.sleep(0.06)
+    sink.export([_span("at-1", 1)])  # a killed runner loses at most max_hold_s of trace, not a heartbeat's worth
+    assert [s.name for s in inner.spans] == ["s0", "s1"]
+    sink.export([_span("at-1", 2)])  # the bucket's clock restarts with its next span
+    assert [s.name for s in inner.spans] == ["s0", "s1"] and [s.name for s in sink.release("ro-1", "at-1")] == ["s2"]
+    with pytest.raises(ValueError, match="max_hold_s"):
+        HeldSpanSink(inner, max_hold_s=0)
+
+
 class _CountingTransport(httpx.AsyncHTTPTransport):
     """Loopback transport that counts requests per last path segment ("claim", "finish", "spans", ...)."""
 
