@@ -28,6 +28,7 @@ import contextlib
 import logging
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Final, Generic, TypeVar
@@ -86,7 +87,8 @@ class GroupCommitWriter:
         self._committed = committed
         self._queue_lock = threading.Lock()
         self._pending: list[_Write[Any]] = []
-        self._armed: set[asyncio.AbstractEventLoop] = set()  # loops with a flush scheduled
+        # Loops with a flush scheduled; weak, so a loop closed before its flush ran is not kept alive.
+        self._armed: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
 
     async def write(self, op: Callable[[], T]) -> T:
         """Run ``op`` inside a write transaction and return its result once that transaction has committed."""
