@@ -137,7 +137,8 @@ def test_checkpoints_run_in_the_background_and_stop_with_the_store(tmp_path: Pat
     store = SyncLightningStore(SqliteLightningStore(db))
     store.enqueue_rollouts([RolloutRequest(input="x" * 1000) for _ in range(300)])
     assert f"agentlightning-sqlite-checkpoint {db}" in {t.name for t in threading.enumerate()}
-    assert os.path.getsize(db) < 300_000  # committed to the WAL; only a checkpoint copies pages into the file
+    # Committed to the WAL; only a checkpoint copies pages into the file, and SQLite's own (the backstop) would not
+    # start before 64 MB.
     for _ in range(200):
         if os.path.getsize(db) >= 300_000:
             break
