@@ -1,13 +1,15 @@
 """SqliteLightningStore: the embedded default backend — one WAL file, durable, shared by processes on one machine.
 
-Durability: every write is one transaction committed before the method returns. In WAL mode a commit appends the
-transaction's frames to the ``-wal`` file with ``write()`` before ``sqlite3_step(COMMIT)`` returns (SQLite keeps no
-user-space write buffer), so once a method has returned its data is in the kernel's page cache, which outlives the
-process: an acknowledged write survives ``kill -9`` with ``synchronous="NORMAL"`` (the default; SQLite documents
-WAL+NORMAL as durable except across power loss or an OS crash, where it may drop the last commits but never corrupts
-the file). ``synchronous="FULL"`` also fsyncs the WAL on every commit, so an acknowledged write survives power loss
-too, at the price of one fsync per call (about 3x fewer rollout cycles per second here).
-``tests/core/store/test_sqlite.py`` kills a writer with SIGKILL after acknowledgements to check both settings.
+Durability: every write is in a transaction committed before the method returns (concurrent writes may share one, see
+below). In WAL mode a commit appends the transaction's frames to the ``-wal`` file with ``write()`` before
+``sqlite3_step(COMMIT)`` returns (SQLite keeps no user-space write buffer), so once a method has returned its data is
+in the kernel's page cache, which outlives the process: an acknowledged write survives ``kill -9`` with
+``synchronous="NORMAL"`` (the default; SQLite documents WAL+NORMAL as durable except across power loss or an OS
+crash, where it may drop the last commits but never corrupts the file). ``synchronous="FULL"`` also fsyncs the WAL on
+every commit, so an acknowledged write survives power loss too, at the price of one fsync per commit (a lone worker
+gets about 3x fewer rollout cycles per second here; concurrent workers share the fsync).
+``tests/core/store/test_sqlite.py`` and ``test_sqlite_group_commit.py`` kill a writer with SIGKILL after
+acknowledgements to check both settings.
 
 Processes: every write transaction starts with ``BEGIN IMMEDIATE``, which takes the database's single write lock
 before reading, so a claim's "find the oldest claimable rollout, then mark it preparing" is atomic across threads
