@@ -93,6 +93,11 @@ class GroupCommitWriter:
     async def write(self, op: Callable[[], T]) -> T:
         """Run ``op`` inside a write transaction and return its result once that transaction has committed."""
         loop = asyncio.get_running_loop()
+        # asyncio's ready queue is private but stable since 3.4; loops without one (uvloop) always wait a turn.
+        ready = getattr(loop, "_ready", None)
+        alone = ready is not None and not ready
+        if alone and not self._pending:
+            return self._apply_alone(op)
         write: _Write[T] = _Write(op, loop, loop.create_future())
         with self._queue_lock:
             self._pending.append(write)
@@ -100,9 +105,7 @@ class GroupCommitWriter:
             if schedule:
                 self._armed.add(loop)
         if schedule:
-            # asyncio's ready queue is private but stable since 3.4; loops without one (uvloop) always wait a turn.
-            ready = getattr(loop, "_ready", None)
-            if ready is not None and not ready:
+            if alone:
                 self._flush(loop)
             else:
                 loop.call_soon(self._flush, loop)
@@ -113,6 +116,23 @@ class GroupCommitWriter:
                 if write in self._pending:
                     self._pending.remove(write)
             raise
+
+    def _apply_alone(self, op: Callable[[], T]) -> T:
+        """Nothing is queued and nothing else could run first: one transaction, without the queue's bookkeeping."""
+        with self._lock:
+            conn = self._connection()
+            self._txn.reset()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = op()
+                conn.execute("COMMIT")
+            except BaseException:
+                self._txn.reset()
+                if conn.in_transaction:  # a failed COMMIT leaves it open
+                    conn.execute("ROLLBACK")
+                raise
+        self._committed()
+        return result
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         """Apply every queued write in one transaction and resolve the callers' futures."""
