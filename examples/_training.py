@@ -46,9 +46,11 @@ def cpu_config(
     Rollouts (whole agent runs) cost far more than updates, so each step's batch (8 tasks x 16 samples) is used
     twice, in mini-batches of 32 transitions.
     """
-    max_seq_len = settings.pop("max_seq_len", 256)
+    policy = PolicySpec(
+        words=words, max_seq_len=settings.pop("max_seq_len", 256), reply_words=settings.pop("reply_words", None)
+    )
     defaults: dict[str, Any] = {
-        "policy": PolicySpec(words=words, max_seq_len=max_seq_len),
+        "policy": policy,
         "steps": steps,
         "seed": seed,
         "tasks_per_step": 8,

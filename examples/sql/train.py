@@ -38,6 +38,9 @@ CPU_SKETCHES: Final = (
     "max salary",
     "sum budget",
 )
+# CPU task: the tiny GPT replies with at most 2 tokens drawn only from these (constrained decoding, the policy's
+# ``reply_words``): the sketches, the checker's two verdicts, and its end token.
+CPU_REPLY_WORDS: Final = (*CPU_SKETCHES, "correct", "wrong", "<|end|>")
 # Words of the database's error messages, so that an error costs the tiny GPT a few tokens, not one per character.
 _ERROR_WORDS: Final = "error near syntax incomplete input no such column table rows unrecognized token"
 
@@ -85,8 +88,9 @@ def cpu_config(db_path: Path, *, steps: int = 40, seed: int = 0, run_dir: Path |
     random policy), only the writer and rewriter trained."""
     words = vocabulary([q for q in data.questions(db_path) if q.sketch in CPU_SKETCHES])
     return _training.cpu_config(
-        words, steps=steps, seed=seed, run_dir=run_dir, agents=TRAINED_AGENTS, max_response_tokens=6
-    )
+        words, steps=steps, seed=seed, run_dir=run_dir, agents=TRAINED_AGENTS, reply_words=CPU_REPLY_WORDS,
+        max_response_tokens=2,
+    )  # fmt: skip
 
 
 def gpu_config(model: str, *, backend: str, steps: int, seed: int = 0, run_dir: Path) -> LightningRLConfig:

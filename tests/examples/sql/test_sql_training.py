@@ -9,7 +9,7 @@ import pytest
 
 from examples.sql.train import train_cpu
 
-STEPS = 60  # 40 reached +0.27 to +0.53 across runs; see the README for the settings tried
+STEPS = 40  # seeds 0, 1, 2 rose by 0.80, 0.60, 0.80 in 40 steps; see the README
 
 
 @pytest.mark.slow
@@ -34,6 +34,5 @@ def test_cpu_mode_learns_and_trains_only_writer_and_rewriter(tmp_path: Path) -> 
     assert called == {"writer", "checker", "rewriter"}
     assert trained.get("checker", 0) == 0, "the checker's calls must produce no transitions"
     assert trained["writer"] > 0 and trained["rewriter"] > 0
-    # Issue #13 asks for +0.3; runs of this budget reached +0.26 to +0.60 (README), so this guards a real rise
-    # without claiming the issue's bar, which stays open.
-    assert outcome.val_after - outcome.val_before >= 0.2
+    # Issue #13's bar: validation execution match rises by at least 0.3.
+    assert outcome.val_after - outcome.val_before >= 0.3, f"validation {outcome.algorithm.val_history}"
