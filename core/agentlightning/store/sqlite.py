@@ -47,6 +47,7 @@ from agentlightning.store._sqlite_writer import GroupCommitWriter, Reading, WalC
 from agentlightning.store._statemachine import (
     ChangeNotifier,
     attempt_not_found,
+    construct,
     new_id,
     op_cancel,
     op_check_timeouts,
@@ -56,11 +57,19 @@ from agentlightning.store._statemachine import (
     op_heartbeat,
     op_start,
     op_update_metadata,
+    replace,
     rollout_not_found,
     span_attempt_keys,
     wait_until,
 )
-from agentlightning.store.base import LightningStore, NotFoundError, SortOrder, StoreError, StoreStatistics
+from agentlightning.store.base import (
+    IllegalTransitionError,
+    LightningStore,
+    NotFoundError,
+    SortOrder,
+    StoreError,
+    StoreStatistics,
+)
 from agentlightning.types import (
     ROLLOUT_TERMINAL,
     Attempt,
@@ -185,7 +194,7 @@ class SqliteLightningStore(LightningStore):
         self._notifier.notify()
         return rollouts
 
-    async def _claim_now(self, worker_id: str | None) -> ClaimedRollout | None:
+    async def _claim_now(self, worker_id: str | None, start: bool) -> ClaimedRollout | None:
         if self._queue_looked_empty:
             # A read first: idle runners polling an empty queue must not queue up for the write lock. Skipped while
             # claims succeed (the read would cost a busy queue a statement per claim and find a rollout anyway).
@@ -193,24 +202,40 @@ class SqliteLightningStore(LightningStore):
                 if conn.execute(_ANY_CLAIMABLE).fetchone() is None:
                     return None
         now = self._clock()
-        claimed = await self._writer.write(lambda: op_claim(self._txn, worker_id, now))
+        claimed = await self._writer.write(lambda: self._claim_op(worker_id, now, start))
         self._queue_looked_empty = claimed is None
         return claimed
+
+    def _claim_op(self, worker_id: str | None, now: int, start: bool) -> ClaimedRollout | None:
+        claimed = op_claim(self._txn, worker_id, now)
+        if claimed is None or not start:
+            return claimed
+        attempt = op_start(self._txn, claimed.rollout.rollout_id, claimed.attempt.attempt_id, now)
+        return construct(ClaimedRollout, {"rollout": replace(claimed.rollout, status="running"), "attempt": attempt})
+
+    async def _claim(self, worker_id: str | None, timeout_s: float | None, start: bool) -> ClaimedRollout | None:
+        if timeout_s is None:
+            return await self._claim_now(worker_id, start)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            generation = self._notifier.generation  # read before trying, so a change in between wakes the wait
+            claimed = await self._claim_now(worker_id, start)
+            remaining = min(POLL_S, deadline - time.monotonic())
+            if claimed is not None or remaining <= 0:
+                return claimed
+            await self._notifier.wait(generation, remaining)
 
     async def claim_rollout(
         self, worker_id: str | None = None, *, timeout_s: float | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout, waiting up to ``timeout_s`` for one."""
-        if timeout_s is None:
-            return await self._claim_now(worker_id)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            generation = self._notifier.generation  # read before trying, so a change in between wakes the wait
-            claimed = await self._claim_now(worker_id)
-            remaining = min(POLL_S, deadline - time.monotonic())
-            if claimed is not None or remaining <= 0:
-                return claimed
-            await self._notifier.wait(generation, remaining)
+        return await self._claim(worker_id, timeout_s, start=False)
+
+    async def claim_and_start(
+        self, worker_id: str | None = None, *, timeout_s: float | None = None
+    ) -> ClaimedRollout | None:
+        """Claim the oldest claimable rollout and start its attempt, in one transaction (one commit)."""
+        return await self._claim(worker_id, timeout_s, start=True)
 
     async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Mark a claimed attempt and its rollout ``running``."""
@@ -225,6 +250,55 @@ class SqliteLightningStore(LightningStore):
         attempt = await self._writer.write(lambda: op_finish(self._txn, rollout_id, attempt_id, status, error, now))
         self._notifier.notify()
         return attempt
+
+    async def finish_attempt_with_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        spans: Sequence[Span],
+        *,
+        error: str | None = None,
+    ) -> Attempt:
+        """Store an attempt's last spans and record its terminal status, in one transaction (one commit)."""
+        strangers = [s.span_id for s in spans if s.rollout_id != rollout_id or s.attempt_id != attempt_id]
+        if strangers:
+            raise ValueError(
+                f"finish_attempt_with_spans({rollout_id}, {attempt_id}) got spans of other attempts "
+                f"(span ids {', '.join(strangers[:5])}); send those with add_spans"
+            )
+        keys = span_attempt_keys(spans)
+        now = self._clock()
+        outcome = await self._writer.write(
+            lambda: self._finish_with_spans(rollout_id, attempt_id, status, spans, keys, error, now)
+        )
+        self._notifier.notify()
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def _finish_with_spans(
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        spans: Sequence[Span],
+        keys: list[tuple[str, str]],
+        error: str | None,
+        now: int,
+    ) -> Attempt | Exception:
+        if spans:
+            add_spans(self._txn, spans, keys, now)
+        conn = self._txn.conn
+        before = conn.total_changes
+        try:
+            return op_finish(self._txn, rollout_id, attempt_id, status, error, now)
+        except (IllegalTransitionError, NotFoundError, ValueError) as exc:
+            if conn.total_changes != before:
+                raise
+            # Refused before it wrote anything: the spans stay stored (committed), as add_spans then
+            # finish_attempt would leave them, and the caller gets the refusal.
+            return exc
 
     async def cancel_rollout(self, rollout_id: str) -> Rollout:
         """Cancel a non-terminal rollout so it is never claimed again."""

@@ -63,6 +63,22 @@ async def test_a_lone_write_commits_at_once(tmp_path: Path) -> None:
     await store.close()
 
 
+async def test_combined_calls_commit_once(tmp_path: Path) -> None:
+    store = SqliteLightningStore(tmp_path / "combined.db")
+    await store.enqueue_rollout(1)
+    commits = _count_commits(store)
+    claimed = await store.claim_and_start("w")
+    assert claimed is not None and claimed.attempt.status == "running"
+    rid, aid = claimed.rollout.rollout_id, claimed.attempt.attempt_id
+    finished = await store.finish_attempt_with_spans(rid, aid, "succeeded", spans_of(claimed, 3))
+    assert finished.status == "succeeded" and len(commits) == 2
+    # A refused finish keeps the spans, committed with the refusal, as add_spans then finish_attempt would.
+    with pytest.raises(IllegalTransitionError):
+        await store.finish_attempt_with_spans(rid, aid, "failed", spans_of(claimed, 2, start=3))
+    assert len(commits) == 3 and len(await store.query_spans(rid)) == 5
+    await store.close()
+
+
 async def test_one_failing_write_does_not_fail_the_others(tmp_path: Path) -> None:
     store = SqliteLightningStore(tmp_path / "errors.db")
     first, second, third = await _claimed(store, 3)
