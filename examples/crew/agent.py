@@ -9,13 +9,15 @@ plain text (CrewAI's ReAct format for tools), so small self-hosted servers witho
 from __future__ import annotations
 
 import re
+import ssl
 from typing import Any, Final
 
+import certifi
 from crewai import Agent, Crew, Process, Task
 from crewai.events.types.llm_events import LLMCallType
 from crewai.llms.base_llm import BaseLLM, llm_call_context
 from crewai.tools import BaseTool
-from openai import OpenAI
+from openai import DefaultHttpxClient, OpenAI
 from pydantic import Field, PrivateAttr
 
 TEAMS: Final = {
@@ -24,6 +26,11 @@ TEAMS: Final = {
     "technical": "the app , crashes , passwords , login",
     "returns": "sending goods back , exchanges",
 }
+
+
+# One TLS context for every model client: building one per client loads the CA bundle each time (~20-60 ms of CPU),
+# which would dominate a ticket's cost when each ticket's agents get new clients.
+_TLS: Final = ssl.create_default_context(cafile=certifi.where())
 
 
 class TeamDirectoryTool(BaseTool):
@@ -53,7 +60,13 @@ class OpenAITextLLM(BaseLLM):
 
     def _openai(self) -> OpenAI:
         if self._client is None:
-            self._client = OpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0, timeout=120.0)
+            self._client = OpenAI(
+                base_url=self.base_url,
+                api_key=self.api_key,
+                max_retries=0,
+                timeout=120.0,
+                http_client=DefaultHttpxClient(verify=_TLS),
+            )
         return self._client
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ import pytest
 from agentlightning.adapter import find_llm_calls
 from examples.crew.train import train_cpu
 
-STEPS = 8  # seed 0: 0.00 -> 0.42, 0.42, 0.25 (mini-batches), 0.42 (whole batches) after 8 steps; see the README
+STEPS = 10  # seeds 0 and 1: 0.25 -> 0.67 after 10 steps; see the README
 
 
 @pytest.mark.slow
@@ -42,6 +42,6 @@ def test_cpu_training_learns_routing_and_trains_only_the_specialist(tmp_path: Pa
     assert min(called["planner"], called["critic"], called["specialist"]) >= rollouts
     # ...and the learner trained on the specialist's calls only: the other agents' calls produced no transitions
     assert set(trained) == {"specialist"} and trained["specialist"] >= rollouts
-    # Issue #13 asks for +0.3; 8 steps reached +0.25 to +0.42 (README), so this guards a real rise without claiming
-    # the issue's bar, which stays open for the crew.
-    assert outcome.val_after - outcome.val_before >= 0.24, f"routing accuracy {val}"
+    # Issue #13's bar: validation routing accuracy rises by at least 0.3 (0.25 at the start is one team for every
+    # ticket, what an untrained greedy policy does).
+    assert outcome.val_after - outcome.val_before >= 0.3, f"routing accuracy {val}"
