@@ -37,6 +37,7 @@ from agentlightning.store._sqlite_schema import SqliteTxn
 
 T = TypeVar("T")
 _log = logging.getLogger(__name__)
+CLOSE_WAIT_S: Final = 10.0  # longest close() waits for the checkpoint thread to finish its current checkpoint
 CHECKPOINT_EVERY_S: Final = 0.1  # how long changes gather before a background checkpoint copies them (once each)
 
 
@@ -319,7 +320,9 @@ class WalCheckpointer:
         self._stop.set()
         self._wake.set()
         if thread is not None and thread is not threading.current_thread():
-            thread.join()
+            # Bounded: this also runs from a finalizer at interpreter exit, which must never hang on a stuck
+            # checkpoint; the thread is a daemon and its connection only reads committed frames.
+            thread.join(timeout=CLOSE_WAIT_S)
 
     def _run(self) -> None:
         try:
