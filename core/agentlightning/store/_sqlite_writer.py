@@ -239,25 +239,17 @@ class Reading:
         self._lock.release()
 
 
-class WriteTransaction:
+class WriteTransaction(Reading):
     """``BEGIN IMMEDIATE`` under the store lock on enter; ``COMMIT`` on a clean exit, ``ROLLBACK`` on an error.
 
     For work outside group commit (migrations at open). Not re-entrant (the lock is not).
     """
 
-    __slots__ = ("_connection", "_lock", "_txn")
-
-    def __init__(self, lock: threading.Lock, txn: SqliteTxn, connection: Callable[[], sqlite3.Connection]) -> None:
-        """Write through ``txn`` under ``lock``."""
-        self._lock = lock
-        self._txn = txn
-        self._connection = connection
+    __slots__ = ()
 
     def __enter__(self) -> sqlite3.Connection:
-        self._lock.acquire()
+        conn = super().__enter__()
         try:
-            conn = self._connection()
-            self._txn.reset()
             conn.execute("BEGIN IMMEDIATE")
         except BaseException:
             self._lock.release()

@@ -55,6 +55,16 @@ class StoreStatistics(BaseModel):
 SortOrder = Literal["asc", "desc"]
 
 
+def check_spans_of_attempt(rollout_id: str, attempt_id: str, spans: Sequence[Span]) -> None:
+    """ValueError naming the first stray span ids unless every span belongs to this attempt."""
+    strangers = [s.span_id for s in spans if s.rollout_id != rollout_id or s.attempt_id != attempt_id]
+    if strangers:
+        raise ValueError(
+            f"finish_attempt_with_spans({rollout_id}, {attempt_id}) got spans of other attempts "
+            f"(span ids {', '.join(strangers[:5])}); send those with add_spans"
+        )
+
+
 class LightningStore(ABC):
     """Async interface of every store backend. See :class:`agentlightning.store.SyncLightningStore` for sync use."""
 
@@ -131,12 +141,7 @@ class LightningStore(ABC):
         first, so whoever sees the rollout finish can read all of them; they stay stored when the finish is
         refused (IllegalTransitionError), exactly as ``add_spans`` then ``finish_attempt`` would leave them.
         """
-        strangers = [s.span_id for s in spans if s.rollout_id != rollout_id or s.attempt_id != attempt_id]
-        if strangers:
-            raise ValueError(
-                f"finish_attempt_with_spans({rollout_id}, {attempt_id}) got spans of other attempts "
-                f"(span ids {', '.join(strangers[:5])}); send those with add_spans"
-            )
+        check_spans_of_attempt(rollout_id, attempt_id, spans)
         if spans:
             await self.add_spans(spans)
         return await self.finish_attempt(rollout_id, attempt_id, status, error=error)

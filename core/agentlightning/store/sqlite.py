@@ -69,6 +69,7 @@ from agentlightning.store.base import (
     SortOrder,
     StoreError,
     StoreStatistics,
+    check_spans_of_attempt,
 )
 from agentlightning.types import (
     ROLLOUT_TERMINAL,
@@ -261,12 +262,7 @@ class SqliteLightningStore(LightningStore):
         error: str | None = None,
     ) -> Attempt:
         """Store an attempt's last spans and record its terminal status, in one transaction (one commit)."""
-        strangers = [s.span_id for s in spans if s.rollout_id != rollout_id or s.attempt_id != attempt_id]
-        if strangers:
-            raise ValueError(
-                f"finish_attempt_with_spans({rollout_id}, {attempt_id}) got spans of other attempts "
-                f"(span ids {', '.join(strangers[:5])}); send those with add_spans"
-            )
+        check_spans_of_attempt(rollout_id, attempt_id, spans)
         keys = span_attempt_keys(spans)
         now = self._clock()
         outcome = await self._writer.write(
