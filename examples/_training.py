@@ -102,12 +102,15 @@ def fit(
     run_dir: Path,
     store: LightningStore | str = ":memory:",
     n_runners: int = 64,
+    runner_processes: int = 1,
     show_progress: bool = True,
     console: Console | None = None,
 ) -> TrainOutcome:
     """Fit ``agent`` with LightningRL (torch backend, or verl when configured); report validation reward.
 
-    ``instrumentation`` is the example's integration module; it is installed for the run only.
+    ``instrumentation`` is the example's integration module; it is installed for the run only (and first thing in
+    each of the ``runner_processes - 1`` extra runner processes, which need a store file: ``:memory:`` becomes
+    ``run_dir/store.db``).
     """
     from agentlightning.trainer import open_store
 
@@ -124,11 +127,21 @@ def fit(
         algorithm: LightningRL = VerlLightningRL(config, **kwargs)
     else:
         algorithm = LightningRL(config, **kwargs)
+    if runner_processes > 1 and store == ":memory:":
+        store = str(run_dir / "store.db")
     opened = open_store(store)
     instrumentation.instrument()
     started = time.perf_counter()
     try:
-        Trainer(algorithm, store=opened, n_runners=n_runners, console=console).fit(agent, train_tasks, val_tasks)
+        trainer = Trainer(
+            algorithm,
+            store=opened,
+            n_runners=n_runners,
+            console=console,
+            runner_processes=runner_processes,
+            runner_setup=(instrumentation.instrument,),
+        )
+        trainer.fit(agent, train_tasks, val_tasks)
     finally:
         instrumentation.uninstrument()
     val = algorithm.val_history

@@ -29,6 +29,7 @@ from agentlightning.store.base import LightningStore
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from agentlightning._runner_processes import RunnerProcesses
     from agentlightning.agent import LitAgent
     from agentlightning.tracing import LightningTracer
     from agentlightning.types import Transition
@@ -96,11 +97,20 @@ class Trainer:
         tracer: LightningTracer | None = None,
         worker_id: str | None = None,
         console: Console | None = None,
+        runner_processes: int = 1,
+        runner_setup: Sequence[Callable[[], object]] = (),
     ) -> None:
+        """``runner_processes``: processes of this machine that run ``n_runners`` workers each, this one included
+        (agents that hold the GIL need more than one to use more than one core); ``runner_setup``: module-level
+        callables each extra process runs first, e.g. an integration's ``instrument``."""
         if role not in _ROLES:
             raise ValueError(f"role must be one of {list(_ROLES)}; got {role!r}")
         if n_runners < 1:
             raise ValueError(f"n_runners must be at least 1; got {n_runners}")
+        if runner_processes < 1:
+            raise ValueError(f"runner_processes must be at least 1; got {runner_processes}")
+        self.runner_processes = runner_processes
+        self.runner_setup = tuple(runner_setup)
         self.algorithm = algorithm
         self.store_spec = store
         self.n_runners = n_runners
@@ -154,6 +164,8 @@ class Trainer:
         # watchdog per training run, not one per runner process.
         watchdog = Watchdog(store, self.watchdog_interval_s) if runs_algorithm else None
         runner_task: asyncio.Task[RunnerStats] | None = None
+        extra: RunnerProcesses | None = None
+        guards: list[asyncio.Task[Any]] = []
         try:
             if watchdog is not None:
                 watchdog.start()
@@ -167,14 +179,39 @@ class Trainer:
                     heartbeat_interval_s=self.heartbeat_interval_s,
                     tracer=self.tracer,
                 )
+                if self.runner_processes > 1:  # checks the agent and store can travel before anything starts
+                    from agentlightning._runner_processes import RunnerProcesses
+
+                    extra = RunnerProcesses(
+                        self.runner_processes - 1,
+                        self.runner.agent,
+                        store,
+                        n_runners=self.n_runners,
+                        worker_prefix=self.runner.worker_prefix,
+                        heartbeat_interval_s=self.heartbeat_interval_s,
+                        token=self.token,
+                        setup=self.runner_setup,
+                    )
                 runner_task = asyncio.create_task(self.runner.run(), name="agl-runner")
+                guards.append(runner_task)
+                if extra is not None:
+                    extra.start()
+                    guards.append(asyncio.create_task(extra.watch(), name="agl-runner-processes"))
             if algorithm is not None and runs_algorithm:
-                await self._run_algorithm(algorithm, store, train_tasks, val_tasks, runner_task)
+                await self._run_algorithm(algorithm, store, train_tasks, val_tasks, guards)
             elif runner_task is not None:
+                await asyncio.wait(guards, return_when=asyncio.FIRST_COMPLETED)
+                if not runner_task.done() and self.runner is not None:  # a runner process died: stop ours, say why
+                    self.runner.stop()
+                    await next(guard for guard in guards if guard.done())
                 self.runner_stats = await runner_task
         finally:
             if self.runner is not None:
                 self.runner.stop()
+            for guard in guards[1:]:
+                guard.cancel()
+            if extra is not None:
+                await extra.stop()
             if runner_task is not None and not runner_task.done():
                 self.runner_stats = await runner_task
             if watchdog is not None:
@@ -188,19 +225,20 @@ class Trainer:
         store: LightningStore,
         train_tasks: Sequence[Any] | None,
         val_tasks: Sequence[Any] | None,
-        runner_task: asyncio.Task[RunnerStats] | None,
+        guards: Sequence[asyncio.Task[Any]],
     ) -> None:
         algorithm_task = asyncio.create_task(algorithm.run(store, train_tasks, val_tasks), name="agl-algorithm")
-        if runner_task is None:
+        if not guards:
             await algorithm_task
             return
         # If the runners crash, the algorithm would wait forever for rollouts nobody runs: stop it and raise.
-        await asyncio.wait({algorithm_task, runner_task}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({algorithm_task, *guards}, return_when=asyncio.FIRST_COMPLETED)
         if algorithm_task.done():
             algorithm_task.result()
             return
         algorithm_task.cancel()
-        error = runner_task.exception()
+        stopped = next(guard for guard in guards if guard.done())
+        error = stopped.exception()
         raise RuntimeError(f"the runners stopped before the algorithm finished: {error!r}") from error
 
     # --- dev -----------------------------------------------------------------------------------------------------

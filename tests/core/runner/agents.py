@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -61,4 +62,27 @@ class Misbehaving(LitAgent):
 def sleepy_sync(task: dict[str, Any]) -> float:
     """A sync agent that sleeps ``task["sleep"]`` seconds (past its timeout, in the tests)."""
     time.sleep(task["sleep"])
+    return 1.0
+
+
+# Set by `mark_setup` in the processes that ran it (Trainer(runner_setup=...) runs it in each extra runner process).
+SETUP_RAN = False
+
+
+def mark_setup() -> None:
+    """A runner process's setup step (as an integration's ``instrument`` would be)."""
+    global SETUP_RAN
+    SETUP_RAN = True
+
+
+def fail_setup() -> None:
+    """A setup step that fails, so its runner process exits."""
+    raise RuntimeError("this setup step fails on purpose")
+
+
+@rollout
+async def reporting(task: dict[str, Any]) -> float:
+    """Say which process ran the rollout and whether its setup ran, after ``task["sleep"]`` seconds."""
+    emit_message(f"pid={os.getpid()} setup={SETUP_RAN}")
+    await asyncio.sleep(task.get("sleep", 0))
     return 1.0

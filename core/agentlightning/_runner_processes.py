@@ -1,0 +1,201 @@
+"""More runner processes for one Trainer: ``Trainer(runner_processes=N)`` (the Trainer's process is the first).
+
+An agent that spends its time in Python (a CrewAI kickoff, a LangGraph graph) holds the GIL, so every runner worker
+of one process shares one core however many workers there are. The extra processes are started with
+multiprocessing's "spawn" (nothing inherited but what is passed: no forked locks or threads), each runs
+``n_runners`` workers against the same store, and stops after its current attempts when the Trainer's algorithm is
+done — or on its own when the Trainer's process is gone. The agent travels as ``"module:attribute"`` when it can be
+imported by that name (a ``@rollout`` function, a module-level instance), else pickled; ``setup`` callables (an
+integration's ``instrument``) run first in each process, because instrumentation is per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import multiprocessing
+import os
+import pickle
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.context import SpawnProcess
+from multiprocessing.synchronize import Event
+
+from agentlightning.agent import FunctionAgent, LitAgent, load_agent
+from agentlightning.store.base import LightningStore
+
+# How often the Trainer looks for a runner process that died, and how long stop() waits for them to finish their
+# attempts before terminating them.
+WATCH_S = 0.5
+STOP_TIMEOUT_S = 60.0
+
+
+def _resolve(module_name: str, qualname: str) -> object | None:
+    """What ``module_name``'s ``qualname`` is after importing the module (None when missing)."""
+    try:
+        found: object = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return None
+    return found
+
+
+def _importable_name(obj: object, module_name: str | None = None, qualname: str | None = None) -> str | None:
+    """``"module:qualname"`` (by default ``obj``'s own) that imports back to ``obj`` in a fresh process, else None."""
+    module_name = module_name or getattr(obj, "__module__", None)
+    qualname = qualname or getattr(obj, "__qualname__", None)
+    if not module_name or not qualname or "<" in qualname or module_name == "__main__":
+        return None
+    return f"{module_name}:{qualname}" if _resolve(module_name, qualname) is obj else None
+
+
+def agent_reference(agent: LitAgent) -> str | None:
+    """``"module:name"`` that :func:`load_agent` turns back into ``agent`` (a ``@rollout`` function: its name)."""
+    if isinstance(agent, FunctionAgent):
+        # ``@rollout`` replaces the module's function by the agent: the function's name now names the agent.
+        function = agent.function
+        return _importable_name(agent, getattr(function, "__module__", None), getattr(function, "__qualname__", None))
+    return _importable_name(agent)
+
+
+def store_reference(store: LightningStore) -> str:
+    """What another process opens to reach ``store``: its SQLite file or its server's URL."""
+    from agentlightning.client import LightningStoreClient
+    from agentlightning.store.sqlite import SqliteLightningStore
+
+    if isinstance(store, SqliteLightningStore) and store.path != ":memory:":
+        return store.path
+    if isinstance(store, LightningStoreClient):
+        return store.url
+    raise ValueError(
+        f"runner_processes > 1 needs a store that other processes can open, a SQLite file or a store server URL; "
+        f"got {type(store).__name__} (an in-memory store lives in one process)"
+    )
+
+
+class StopFlag:
+    """Set when the Trainer asks the runners to stop, or when the Trainer's process is gone (no orphans)."""
+
+    def __init__(self, event: Event, parent_pid: int) -> None:
+        self._event = event
+        self._parent_pid = parent_pid
+
+    def is_set(self) -> bool:
+        """True once the runner should stop claiming."""
+        return self._event.is_set() or os.getppid() != self._parent_pid
+
+
+def _run_child(
+    agent: str | bytes,
+    store: str,
+    token: str | None,
+    n_runners: int,
+    worker_id: str,
+    heartbeat_interval_s: float,
+    setup: Sequence[Callable[[], object]],
+    stop: Event,
+    parent_pid: int,
+) -> None:
+    """A runner process: run ``setup``, then ``n_runners`` workers until the stop event (or the parent's death)."""
+    from agentlightning.runner import Runner
+    from agentlightning.trainer import open_store
+
+    for step in setup:
+        step()
+    lit_agent: LitAgent = load_agent(agent) if isinstance(agent, str) else pickle.loads(agent)
+
+    async def run() -> None:
+        opened = open_store(store, token=token)
+        try:
+            runner = Runner(
+                lit_agent, opened, n_workers=n_runners, worker_id=worker_id, heartbeat_interval_s=heartbeat_interval_s
+            )
+            await runner.run(stop_event=StopFlag(stop, parent_pid))
+        finally:
+            await opened.close()
+
+    asyncio.run(run())
+
+
+class RunnerProcesses:
+    """``count`` runner processes of one agent against one store, started, watched and stopped by the Trainer."""
+
+    def __init__(
+        self,
+        count: int,
+        agent: LitAgent,
+        store: LightningStore,
+        *,
+        n_runners: int,
+        worker_prefix: str,
+        heartbeat_interval_s: float,
+        token: str | None = None,
+        setup: Sequence[Callable[[], object]] = (),
+    ) -> None:
+        reference = agent_reference(agent)
+        if reference is None:
+            try:
+                self._agent: str | bytes = pickle.dumps(agent)
+            except Exception as exc:
+                raise ValueError(
+                    f"runner_processes > 1 sends the agent to other processes, but {agent!r} can neither be imported "
+                    f"by name (define it at module level, not in __main__) nor pickled: {exc}"
+                ) from exc
+        else:
+            self._agent = reference
+        for step in setup:
+            if _importable_name(step) is None:
+                raise ValueError(f"setup callables must be importable module-level functions; got {step!r}")
+        self._store = store_reference(store)
+        self._context = multiprocessing.get_context("spawn")
+        self._stop = self._context.Event()
+        self._processes = [
+            self._context.Process(
+                target=_run_child,
+                args=(
+                    self._agent,
+                    self._store,
+                    token,
+                    n_runners,
+                    f"{worker_prefix}-p{i + 1}",
+                    heartbeat_interval_s,
+                    tuple(setup),
+                    self._stop,
+                    os.getpid(),
+                ),
+                name=f"agl-runner-p{i + 1}",
+                daemon=True,
+            )
+            for i in range(count)
+        ]
+
+    @property
+    def processes(self) -> list[SpawnProcess]:
+        """The runner processes (started or not)."""
+        return self._processes
+
+    def start(self) -> None:
+        """Start every process."""
+        for process in self._processes:
+            process.start()
+
+    async def watch(self) -> None:
+        """Return only if a runner process exits before :meth:`stop`, raising with its exit code."""
+        while True:
+            for process in self._processes:
+                if process.exitcode is not None and not self._stop.is_set():
+                    raise RuntimeError(f"runner process {process.name} exited with code {process.exitcode}")
+            await asyncio.sleep(WATCH_S)
+
+    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Ask every process to stop after its current attempts; terminate those still running after ``timeout_s``."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        for process in self._processes:
+            if process.pid is None:
+                continue
+            await asyncio.to_thread(process.join, max(0.0, deadline - time.monotonic()))
+            if process.exitcode is None:
+                process.terminate()
+                await asyncio.to_thread(process.join, 5.0)

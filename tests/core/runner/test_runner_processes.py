@@ -1,0 +1,120 @@
+"""Trainer(runner_processes=N): extra runner processes (spawned) share the store's queue with the Trainer's own."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import multiprocessing
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from agentlightning._runner_processes import StopFlag, agent_reference, store_reference
+from agentlightning.agent import rollout
+from agentlightning.algorithms import BaselineAlgorithm
+from agentlightning.store import InMemoryLightningStore
+from agentlightning.store.sqlite import SqliteLightningStore
+from agentlightning.trainer import Trainer
+from tests.core.runner import agents
+from tests.core.runner.agents import Misbehaving, counting, fail_setup, mark_setup, reporting
+
+
+def _trainer(store: Any, processes: int, setup: tuple[Any, ...] = ()) -> Trainer:
+    console = Console(file=io.StringIO(), width=200)
+    algorithm = BaselineAlgorithm(console=console)
+    return Trainer(
+        algorithm, store=store, n_runners=2, console=console, runner_processes=processes, runner_setup=setup,
+        heartbeat_interval_s=0.5,
+    )  # fmt: skip
+
+
+def test_rollouts_run_in_the_trainers_process_and_the_extra_one_which_ran_its_setup(tmp_path: Path) -> None:
+    db = tmp_path / "store.db"
+    trainer = _trainer(str(db), processes=2, setup=(mark_setup,))
+    # 2 workers a process, 0.25 s a rollout: the Trainer's process alone would need 10 s for 80, so the extra
+    # process (up in ~1-2 s) takes a share.
+    trainer.fit(reporting, [{"i": i, "sleep": 0.25} for i in range(80)])
+    assert trainer.algorithm is not None
+
+    async def read() -> tuple[list[str], list[tuple[str, str]]]:
+        store = SqliteLightningStore(db)
+        try:
+            rollouts = await store.query_rollouts()
+            workers: list[tuple[str, str]] = []
+            for r in rollouts:
+                (attempt,) = await store.query_attempts(r.rollout_id)
+                spans = await store.query_spans(r.rollout_id, "latest")
+                said = next(
+                    str(s.attributes.get("agentlightning.message.body", ""))
+                    for s in spans
+                    if "pid=" in str(s.attributes)
+                )
+                workers.append((attempt.worker_id or "", said))
+            return [r.status for r in rollouts], workers
+        finally:
+            await store.close()
+
+    statuses, workers = asyncio.run(read())
+    assert statuses == ["succeeded"] * 80
+    extra = [said for worker, said in workers if re.search(r"-p1-w\d+$", worker)]
+    own = [said for worker, said in workers if not re.search(r"-p1-w\d+$", worker)]
+    assert extra and own, workers
+    # the extra process ran the setup step and is another process; the Trainer's own process did not run it
+    assert all(f"pid={os.getpid()} " not in said and said.endswith("setup=True") for said in extra)
+    assert all(said == f"pid={os.getpid()} setup=False" for said in own)
+
+
+def test_a_runner_process_that_dies_stops_the_fit_with_its_exit_code(tmp_path: Path) -> None:
+    trainer = _trainer(str(tmp_path / "store.db"), processes=2, setup=(fail_setup,))
+    with pytest.raises(RuntimeError, match=r"runner process agl-runner-p1 exited with code 1"):
+        # enough slow work that the fit is still running when the extra process fails in its setup
+        trainer.fit(reporting, [{"i": i, "sleep": 0.5} for i in range(200)])
+
+
+def test_an_in_memory_store_cannot_be_shared_and_nothing_starts() -> None:
+    trainer = _trainer(InMemoryLightningStore(), processes=2)
+    with pytest.raises(ValueError, match=r"a SQLite file or a store server URL; got InMemoryLightningStore"):
+        trainer.fit(counting, [{"i": 1}])
+
+
+def test_an_agent_another_process_cannot_get_is_refused(tmp_path: Path) -> None:
+    local = rollout(lambda task: 1.0)  # neither importable by name nor picklable
+    with pytest.raises(ValueError, match=r"can neither be imported by name .* nor pickled"):
+        _trainer(str(tmp_path / "store.db"), processes=2).fit(local, [{"i": 1}])
+    with pytest.raises(ValueError, match="setup callables must be importable module-level functions"):
+        _trainer(str(tmp_path / "store.db"), processes=2, setup=(lambda: None,)).fit(counting, [{"i": 1}])
+    with pytest.raises(ValueError, match="runner_processes must be at least 1; got 0"):
+        Trainer(runner_processes=0)
+
+
+def test_agent_references_name_the_module_attribute() -> None:
+    assert agent_reference(counting) == "tests.core.runner.agents:counting"
+    assert agent_reference(Misbehaving()) is None  # an instance made here: it travels pickled
+    assert agents.SETUP_RAN is False  # setup steps run in the extra processes only
+
+
+def test_store_reference_is_the_file_or_the_url(tmp_path: Path) -> None:
+    from agentlightning.client import LightningStoreClient
+
+    async def refs() -> tuple[str, str]:
+        store = SqliteLightningStore(tmp_path / "s.db")
+        client = LightningStoreClient("http://127.0.0.1:4747/")
+        try:
+            return store_reference(store), store_reference(client)
+        finally:
+            await store.close()
+            await client.close()
+
+    assert asyncio.run(refs()) == (str(tmp_path / "s.db"), "http://127.0.0.1:4747")
+
+
+def test_the_stop_flag_is_set_by_the_event_or_when_the_parent_is_gone() -> None:
+    event = multiprocessing.get_context("spawn").Event()
+    assert not StopFlag(event, os.getppid()).is_set()
+    assert StopFlag(event, -1).is_set()  # the process that started us is not our parent any more
+    event.set()
+    assert StopFlag(event, os.getppid()).is_set()
