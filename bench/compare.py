@@ -359,7 +359,15 @@ def store_and_tracer(sizes: Sizes, comparison: Comparison, peer: Path) -> None:
     print("store and tracer (interleaved runs)", flush=True)
     with _workers(peer) as (ours, theirs), _servers(peer) as servers:
 
-        def compare(label: str, unit: str, measure: str, over_http: bool, warmup: bool, **parameters: object) -> None:
+        def compare(
+            label: str,
+            unit: str,
+            measure: str,
+            over_http: bool,
+            warmup: bool,
+            target: bool = True,
+            **parameters: object,
+        ) -> None:
             print(f"  {label} ...", flush=True)
             if over_http:
                 (ours_url, ours_pid), (theirs_url, theirs_pid) = servers
@@ -373,9 +381,11 @@ def store_and_tracer(sizes: Sizes, comparison: Comparison, peer: Path) -> None:
             if measure == "tracer":
                 met = None if mine is None else mine.median < 50
                 row = Row(label, unit, mine, peer_wall, False, "< 50 µs", met, 1, mine_cpu, peer_cpu)
-            else:
+            elif target:
                 met = _ten_times(mine, peer_wall)
                 row = Row(label, unit, mine, peer_wall, True, ">= 10x peer", met, 0, mine_cpu, peer_cpu)
+            else:
+                row = Row(label, unit, mine, peer_wall, True, "", None, 0, mine_cpu, peer_cpu)
             comparison.rows.append(row)
 
         # A warm-up run before the first figure of each kind only (imports, connections, SQLite pages): the
@@ -384,6 +394,12 @@ def store_and_tracer(sizes: Sizes, comparison: Comparison, peer: Path) -> None:
         for workers in (1, 16, 64):
             label = f"full cycle, in process, {workers} workers"
             compare(label, "rollouts/s", "cycles", False, workers == 1, cycles=sizes.cycles, workers=workers)
+        for workers in (1, 16):
+            # For context, not the target: the same cycle with our in-memory store against the peer's (no disk, no
+            # durability on either side).
+            label = f"full cycle, in process, {workers} workers, our in-memory store (no target)"
+            parameters = {"cycles": sizes.cycles, "workers": workers, "backend": "memory"}
+            compare(label, "rollouts/s", "cycles", False, False, target=False, **parameters)
         for workers in (1, 16, 64):
             cycles = max(sizes.http_cycles, 2 * workers)  # at least two rollouts per worker
             label = f"full cycle, HTTP, {workers} workers"

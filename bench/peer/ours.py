@@ -26,7 +26,7 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from agentlightning.client import LightningStoreClient
-from agentlightning.store import LightningStore, SqliteLightningStore
+from agentlightning.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
 from agentlightning.tracing import LightningTracer, StoreSpanSink, rollout_context
 from agentlightning.types import Span
 from bench._util import (
@@ -114,11 +114,18 @@ async def _cycles(store: LightningStore, total: int, workers: int) -> dict[str, 
 
 
 def measure_cycles(request: Mapping[str, Any]) -> dict[str, float]:
-    """Full rollout cycles/s by ``workers`` concurrent tasks, in process (fresh store) or over HTTP (``url``)."""
+    """Full rollout cycles/s by ``workers`` concurrent tasks, in process (fresh store; ``backend="memory"``: the
+    in-memory one, as the peer's) or over HTTP (``url``)."""
     total, workers, url = int(request["cycles"]), int(request["workers"]), request.get("url")
 
     async def run() -> dict[str, float]:
-        store: LightningStore = LightningStoreClient(url) if url else _fresh_store()
+        store: LightningStore
+        if url:
+            store = LightningStoreClient(url)
+        elif request.get("backend") == "memory":
+            store = InMemoryLightningStore()
+        else:
+            store = _fresh_store()
         try:
             return await _cycles(store, total, workers)
         finally:

@@ -240,18 +240,23 @@ def op_enqueue(txn: StoreTxn, requests: Sequence[RolloutRequest], now: int) -> l
     return rollouts
 
 
-def op_claim(txn: StoreTxn, worker_id: str | None, now: int) -> ClaimedRollout | None:
-    """Move the oldest claimable rollout to ``preparing`` with a new attempt; None when nothing is claimable."""
+def op_claim(txn: StoreTxn, worker_id: str | None, now: int, *, start: bool = False) -> ClaimedRollout | None:
+    """Move the oldest claimable rollout to ``preparing`` with a new attempt; None when nothing is claimable.
+
+    ``start``: claim and start in one step, the rollout and its new attempt straight to ``running`` (what
+    :func:`op_start` right after would write, without reading back the rows just written).
+    """
     rollout = txn.first_claimable()
     if rollout is None:
         return None
+    status: AttemptStatus = "running" if start else "preparing"
     attempt = construct(
         Attempt,
         {
             "rollout_id": rollout.rollout_id,
             "attempt_id": new_id("at"),
             "sequence_id": rollout.num_attempts + 1,
-            "status": "preparing",
+            "status": status,
             "worker_id": worker_id,
             "start_time": now,
             "end_time": None,
@@ -262,7 +267,7 @@ def op_claim(txn: StoreTxn, worker_id: str | None, now: int) -> ClaimedRollout |
     )
     rollout = replace(
         rollout,
-        status="preparing",
+        status=status,
         num_attempts=attempt.sequence_id,
         start_time=rollout.start_time if rollout.start_time is not None else now,
     )

@@ -150,21 +150,30 @@ class InMemoryLightningStore(LightningStore):
         self._notifier.notify()
         return [replace(r) for r in rollouts]
 
-    def _claim_now(self, worker_id: str | None) -> ClaimedRollout | None:
+    def _claim_now(self, worker_id: str | None, start: bool) -> ClaimedRollout | None:
         with self._lock:
-            claimed = op_claim(self._txn, worker_id, self._clock())
+            claimed = op_claim(self._txn, worker_id, self._clock(), start=start)
         return claimed
+
+    async def _claim(self, worker_id: str | None, timeout_s: float | None, start: bool) -> ClaimedRollout | None:
+        if timeout_s is None:
+            return self._claim_now(worker_id, start)
+        result: ClaimedRollout | None = await wait_until(
+            self._notifier, lambda: self._claim_now(worker_id, start), timeout_s, time.monotonic, timeout_s
+        )
+        return result
 
     async def claim_rollout(
         self, worker_id: str | None = None, *, timeout_s: float | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout, waiting up to ``timeout_s`` for one."""
-        if timeout_s is None:
-            return self._claim_now(worker_id)
-        result: ClaimedRollout | None = await wait_until(
-            self._notifier, lambda: self._claim_now(worker_id), timeout_s, time.monotonic, timeout_s
-        )
-        return result
+        return await self._claim(worker_id, timeout_s, start=False)
+
+    async def claim_and_start(
+        self, worker_id: str | None = None, *, timeout_s: float | None = None
+    ) -> ClaimedRollout | None:
+        """Claim the oldest claimable rollout and start its attempt in one step (both come back ``running``)."""
+        return await self._claim(worker_id, timeout_s, start=True)
 
     async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Mark a claimed attempt and its rollout ``running``."""

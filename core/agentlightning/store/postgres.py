@@ -247,19 +247,25 @@ class PostgresLightningStore(LightningStore):
         self._notifier.notify()
         return rollouts
 
-    async def _claim_now(self, worker_id: str | None) -> ClaimedRollout | None:
+    async def _claim_now(self, worker_id: str | None, start: bool = False) -> ClaimedRollout | None:
         async def load(conn: AsyncConnection[Any], txn: PrefetchedTxn) -> None:
             row = await (await conn.execute(CLAIM_SQL, binary=True)).fetchone()
             if row is not None:
                 txn.claimed_row(row)
 
-        return await self._transact(load, lambda txn: op_claim(txn, worker_id, self._clock()))
+        return await self._transact(load, lambda txn: op_claim(txn, worker_id, self._clock(), start=start))
 
     async def claim_rollout(
         self, worker_id: str | None = None, *, timeout_s: float | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout (SKIP LOCKED), waiting up to ``timeout_s`` for one."""
         return await self._wait(lambda: self._claim_now(worker_id), timeout_s)
+
+    async def claim_and_start(
+        self, worker_id: str | None = None, *, timeout_s: float | None = None
+    ) -> ClaimedRollout | None:
+        """Claim the oldest claimable rollout and start its attempt in one transaction (both come back ``running``)."""
+        return await self._wait(lambda: self._claim_now(worker_id, True), timeout_s)
 
     async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
         """Mark a claimed attempt and its rollout ``running``."""

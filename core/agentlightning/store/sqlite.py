@@ -47,7 +47,6 @@ from agentlightning.store._sqlite_writer import GroupCommitWriter, Reading, WalC
 from agentlightning.store._statemachine import (
     ChangeNotifier,
     attempt_not_found,
-    construct,
     new_id,
     op_cancel,
     op_check_timeouts,
@@ -57,7 +56,6 @@ from agentlightning.store._statemachine import (
     op_heartbeat,
     op_start,
     op_update_metadata,
-    replace,
     rollout_not_found,
     span_attempt_keys,
     wait_until,
@@ -208,11 +206,7 @@ class SqliteLightningStore(LightningStore):
         return claimed
 
     def _claim_op(self, worker_id: str | None, now: int, start: bool) -> ClaimedRollout | None:
-        claimed = op_claim(self._txn, worker_id, now)
-        if claimed is None or not start:
-            return claimed
-        attempt = op_start(self._txn, claimed.rollout.rollout_id, claimed.attempt.attempt_id, now)
-        return construct(ClaimedRollout, {"rollout": replace(claimed.rollout, status="running"), "attempt": attempt})
+        return op_claim(self._txn, worker_id, now, start=start)
 
     async def _claim(self, worker_id: str | None, timeout_s: float | None, start: bool) -> ClaimedRollout | None:
         if timeout_s is None:

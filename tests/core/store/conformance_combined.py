@@ -39,6 +39,18 @@ class CombinedCallsConformance:
         assert await store.get_rollout(queued.rollout_id) == claimed.rollout
         assert await store.query_attempts(queued.rollout_id) == [attempt]
 
+    async def test_claim_and_start_of_a_requeued_rollout_starts_its_next_attempt(self, store: LightningStore) -> None:
+        first = await self.started(store, max_attempts=2, retry_on=("failed",))
+        rid = first.rollout.rollout_id
+        await store.finish_attempt(rid, first.attempt.attempt_id, "failed", error="flaky tool")
+        again = await store.claim_and_start("w2")
+        assert again is not None and again.rollout.rollout_id == rid
+        assert (again.rollout.status, again.rollout.num_attempts) == ("running", 2)
+        assert again.rollout.start_time == first.rollout.start_time  # the rollout started with its first attempt
+        assert (again.attempt.status, again.attempt.sequence_id, again.attempt.worker_id) == ("running", 2, "w2")
+        assert [a.status for a in await store.query_attempts(rid)] == ["failed", "running"]
+        assert await store.get_rollout(rid) == again.rollout
+
     async def test_claim_and_start_on_empty_queue_returns_none(self, store: LightningStore) -> None:
         assert await store.claim_and_start() is None
         began = time.monotonic()
