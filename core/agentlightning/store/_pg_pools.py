@@ -113,6 +113,9 @@ class LoopPools:
                     await asyncio.wait_for(asyncio.wrap_future(future), _CLOSE_WAIT_S)
         if private is not None and thread is not None and private_pool is not None:
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(private_pool.close(), private))
+            # What asyncio.run does before closing a loop: async generators still open on it (psycopg's) are closed
+            # now; collected after the close, their finalizer would call into a closed loop ("Event loop is closed").
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(private.shutdown_asyncgens(), private))
             private.call_soon_threadsafe(private.stop)
             await asyncio.to_thread(thread.join)
             private.close()
