@@ -16,6 +16,7 @@ import importlib
 import multiprocessing
 import os
 import pickle
+import signal
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.context import SpawnProcess
@@ -101,6 +102,9 @@ def _run_child(
     from agentlightning.runner import Runner
     from agentlightning.trainer import open_store
 
+    # ^C at a terminal reaches the whole process group: the Trainer's process handles it and stops this one through
+    # the event, after its current attempts, instead of each process dying mid-attempt with its own traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     for step in setup:
         step()
     lit_agent: LitAgent = load_agent(agent) if isinstance(agent, str) else pickle.loads(agent)

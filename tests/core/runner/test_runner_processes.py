@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import multiprocessing
 import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +123,67 @@ def test_the_stop_flag_is_set_by_the_event_or_when_the_parent_is_gone() -> None:
     assert StopFlag(event, -1).is_set()  # the process that started us is not our parent any more
     event.set()
     assert StopFlag(event, os.getppid()).is_set()
+
+
+_INTERRUPTED_FIT = """
+import sys
+from agentlightning.algorithms import BaselineAlgorithm
+from agentlightning.trainer import Trainer
+from tests.core.runner.agents import reporting
+
+if __name__ == "__main__":
+    trainer = Trainer(BaselineAlgorithm(), store=sys.argv[1], n_runners=2, runner_processes=2)
+    trainer.fit(reporting, [{"i": i, "sleep": 0.5} for i in range(400)])
+"""
+
+
+def test_ctrl_c_stops_the_trainer_and_its_runner_processes(tmp_path: Path) -> None:
+    """^C reaches the whole process group: the fit stops, and no runner process is left behind."""
+    script = tmp_path / "fit.py"
+    script.write_text(_INTERRUPTED_FIT)
+    repo = Path(__file__).resolve().parents[3]
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "store.db")],
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, as a terminal gives a command
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while _attempt_workers(tmp_path / "store.db") < 2:  # both processes are running rollouts
+            assert time.monotonic() < deadline and process.poll() is None, (
+                process.stdout.read() if process.stdout else ""
+            )
+            time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGINT)
+        output = process.communicate(timeout=60)[0].decode()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert "KeyboardInterrupt" in output
+    # the Trainer's process reports the interrupt; its runner process stopped without a traceback of its own
+    assert "_run_child" not in output and "multiprocessing" not in output, output
+    deadline = time.monotonic() + 15
+    while True:  # the group is empty once the runner process has finished its attempts and exited
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "a runner process outlived the interrupted fit"
+        time.sleep(0.2)
+
+
+def _attempt_workers(db: Path) -> int:
+    """How many runner processes have started attempts in the store at ``db`` (0 before it exists)."""
+    if not db.exists():
+        return 0
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(db, timeout=5)) as conn:
+        try:
+            rows = conn.execute("SELECT DISTINCT worker_id FROM attempts").fetchall()
+        except sqlite3.OperationalError:  # the tables are not there yet
+            return 0
+    return len({re.sub(r"-w\d+$", "", row[0]) for row in rows if row[0]})
