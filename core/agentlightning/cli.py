@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, cast
 
 import typer
 
@@ -391,19 +391,24 @@ def dev_command(
         raise typer.Exit(1)
 
 
-def _load_algorithm(spec: str) -> Algorithm:
-    """An :class:`Algorithm` from ``module:attribute``: an instance, a subclass, or a zero-argument factory."""
+def _load_attribute(spec: str, param_hint: str) -> object:
+    """What ``package.module:attribute`` names, or a BadParameter for ``param_hint``."""
     import importlib
-
-    from agentlightning.algorithm import Algorithm
 
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise typer.BadParameter(f"{spec!r} must look like 'package.module:attribute'", param_hint="--algorithm")
+        raise typer.BadParameter(f"{spec!r} must look like 'package.module:attribute'", param_hint=param_hint)
     try:
-        obj: object = getattr(importlib.import_module(module_name), attribute)
+        return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
-        raise typer.BadParameter(f"cannot load {spec!r}: {exc}", param_hint="--algorithm") from exc
+        raise typer.BadParameter(f"cannot load {spec!r}: {exc}", param_hint=param_hint) from exc
+
+
+def _load_algorithm(spec: str) -> Algorithm:
+    """An :class:`Algorithm` from ``module:attribute``: an instance, a subclass, or a zero-argument factory."""
+    from agentlightning.algorithm import Algorithm
+
+    obj = _load_attribute(spec, "--algorithm")
     if callable(obj) and not isinstance(obj, Algorithm):
         obj = obj()
     if not isinstance(obj, Algorithm):
@@ -448,6 +453,21 @@ def train_command(
         Literal["both", "algorithm", "runner"], typer.Option(help="What this process runs against the store.")
     ] = "both",
     runners: Annotated[int, typer.Option(min=1, help="In-process runner workers (roles both and runner).")] = 4,
+    runner_processes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Processes of this machine running --runners workers each, this one included (agents whose Python "
+            "work holds the GIL need more than one to use more than one core; needs a SQLite or URL --store).",
+        ),
+    ] = 1,
+    runner_setup: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="module:function each extra runner process calls first, e.g. agentlightning_crewai:instrument "
+            "(repeat the option for several).",
+        ),
+    ] = None,
     token: TokenOption = None,
     backend: Annotated[
         Literal["torch", "verl"] | None,
@@ -467,6 +487,12 @@ def train_command(
         lit_agent = None if agent is None or role == "algorithm" else load_agent(agent)
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--agent") from exc
+    setup: list[Callable[[], object]] = []
+    for spec in runner_setup or []:
+        step = _load_attribute(spec, "--runner-setup")
+        if not callable(step):
+            raise typer.BadParameter(f"{spec!r} is not callable", param_hint="--runner-setup")
+        setup.append(cast("Callable[[], object]", step))
     if backend is not None and role != "runner":
         chosen = _backend_algorithm(backend, config, algorithm)
     else:
@@ -477,6 +503,8 @@ def train_command(
         n_runners=runners,
         role=role,
         token=token,
+        runner_processes=runner_processes,
+        runner_setup=setup,
     )
     trainer.fit(
         lit_agent,

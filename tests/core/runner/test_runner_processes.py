@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -179,11 +180,36 @@ def _attempt_workers(db: Path) -> int:
     """How many runner processes have started attempts in the store at ``db`` (0 before it exists)."""
     if not db.exists():
         return 0
-    import sqlite3
-
     with contextlib.closing(sqlite3.connect(db, timeout=5)) as conn:
         try:
             rows = conn.execute("SELECT DISTINCT worker_id FROM attempts").fetchall()
         except sqlite3.OperationalError:  # the tables are not there yet
             return 0
     return len({re.sub(r"-w\d+$", "", row[0]) for row in rows if row[0]})
+
+
+def test_agl_train_runs_runner_processes_with_their_setup(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(f'{{"i": {i}, "sleep": 0.25}}\n' for i in range(60)))
+    db = tmp_path / "store.db"
+    repo = Path(__file__).resolve().parents[3]
+    command = [sys.executable, "-m", "agentlightning.cli", "train", "--agent", "tests.core.runner.agents:reporting"]
+    command += ["--tasks", str(tasks), "--store", str(db), "--runners", "2", "--runner-processes", "2"]
+    command += ["--runner-setup", "tests.core.runner.agents:mark_setup"]
+    done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _attempt_workers(db) == 2
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        workers = [row[0] for row in conn.execute("SELECT worker_id FROM attempts WHERE status = 'succeeded'")]
+    assert len(workers) == 60 and any(re.search(r"-p1-w\d+$", w) for w in workers)
+
+
+def test_agl_train_refuses_a_setup_step_it_cannot_call() -> None:
+    from typer.testing import CliRunner
+
+    from agentlightning.cli import app
+
+    args = ["train", "--agent", "tests.core.runner.agents:reporting", "--role", "runner", "--runner-processes", "2"]
+    for spec, said in (("no_colon", "must look like"), ("tests.core.runner.agents:SETUP_RAN", "is not callable")):
+        result = CliRunner().invoke(app, [*args, "--runner-setup", spec], env={"COLUMNS": "200"})
+        assert result.exit_code != 0 and said in result.output, result.output
