@@ -213,3 +213,26 @@ def test_agl_train_refuses_a_setup_step_it_cannot_call() -> None:
     for spec, said in (("no_colon", "must look like"), ("tests.core.runner.agents:SETUP_RAN", "is not callable")):
         result = CliRunner().invoke(app, [*args, "--runner-setup", spec], env={"COLUMNS": "200"})
         assert result.exit_code != 0 and said in result.output, result.output
+
+
+def test_runner_processes_share_a_store_server_over_http(tmp_path: Path) -> None:
+    from agentlightning.client import LightningStoreClient
+    from agentlightning.server import StoreServer
+
+    with StoreServer(lambda: SqliteLightningStore(tmp_path / "served.db")) as server:
+        served = LightningStoreClient(server.url)
+        _trainer(served, processes=2, setup=(mark_setup,)).fit(reporting, [{"i": i, "sleep": 0.25} for i in range(60)])
+        asyncio.run(served.close())  # the Trainer closes only the stores it opened
+
+        async def workers() -> list[str]:
+            client = LightningStoreClient(server.url)
+            try:
+                found: list[str] = []
+                for r in await client.query_rollouts():
+                    found += [a.worker_id or "" for a in await client.query_attempts(r.rollout_id)]
+                return found
+            finally:
+                await client.close()
+
+        seen = asyncio.run(workers())
+    assert len(seen) == 60 and any(re.search(r"-p1-w\d+$", w) for w in seen)
