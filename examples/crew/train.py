@@ -138,7 +138,7 @@ def train_cpu(
         cpu_config(steps, seed, run_dir), crew_agent, tasks(CPU_REPLY_TOKENS), tasks(CPU_REPLY_TOKENS),
         instrumentation=agentlightning_crewai,
         # CrewAI's kickoff is Python work under the GIL: a second runner process puts the machine's second core to
-        # work (10 steps: ~150 s instead of ~210 s on 2 cores).
+        # work (10 steps of the earlier 4-token setup: 141 s instead of 210 s on 2 cores; README).
         run_dir=run_dir, n_runners=16, runner_processes=2, console=console, **options,
     )  # fmt: skip
 
