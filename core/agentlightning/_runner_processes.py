@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.context import SpawnProcess
@@ -43,10 +44,16 @@ def _resolve(module_name: str, qualname: str) -> object | None:
 
 
 def _importable_name(obj: object, module_name: str | None = None, qualname: str | None = None) -> str | None:
-    """``"module:qualname"`` (by default ``obj``'s own) that imports back to ``obj`` in a fresh process, else None."""
+    """``"module:qualname"`` (by default ``obj``'s own) that imports back to ``obj`` in a fresh process, else None.
+
+    ``__main__`` counts when it is a script file: a "spawn" child imports the script again (as ``__main__``, without
+    running its ``if __name__ == "__main__":`` block), so its functions are there; an interactive session's are not.
+    """
     module_name = module_name or getattr(obj, "__module__", None)
     qualname = qualname or getattr(obj, "__qualname__", None)
-    if not module_name or not qualname or "<" in qualname or module_name == "__main__":
+    if not module_name or not qualname or "<" in qualname:
+        return None
+    if module_name == "__main__" and not getattr(sys.modules.get("__main__"), "__file__", None):
         return None
     return f"{module_name}:{qualname}" if _resolve(module_name, qualname) is obj else None
 
@@ -66,7 +73,7 @@ def store_reference(store: LightningStore) -> str:
     from agentlightning.store.sqlite import SqliteLightningStore
 
     if isinstance(store, SqliteLightningStore) and store.path != ":memory:":
-        return store.path
+        return os.path.abspath(store.path)
     if isinstance(store, LightningStoreClient):
         return store.url
     raise ValueError(
@@ -144,7 +151,7 @@ class RunnerProcesses:
             except Exception as exc:
                 raise ValueError(
                     f"runner_processes > 1 sends the agent to other processes, but {agent!r} can neither be imported "
-                    f"by name (define it at module level, not in __main__) nor pickled: {exc}"
+                    f"by name (define it at the top level of a module or of the script) nor pickled: {exc}"
                 ) from exc
         else:
             self._agent = reference
@@ -152,6 +159,7 @@ class RunnerProcesses:
             if _importable_name(step) is None:
                 raise ValueError(f"setup callables must be importable module-level functions; got {step!r}")
         self._store = store_reference(store)
+        token = token or getattr(store, "token", None)  # a client passed in carries its own
         self._context = multiprocessing.get_context("spawn")
         self._stop = self._context.Event()
         self._processes = [

@@ -96,6 +96,7 @@ class LightningStoreClient(LightningStore):
         self.max_backoff_s = max_backoff_s
         # Below the server's default wait cap (30 s), so a long poll ends on the server, never on a client timeout.
         self.long_poll_s = long_poll_s
+        self.token = token  # what another process needs to reach the same server (Trainer(runner_processes=))
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self._shards = max(1, min(_SHARDS, max_connections))
         per_shard = -(-max_connections // self._shards)

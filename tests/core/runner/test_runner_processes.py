@@ -219,13 +219,14 @@ def test_runner_processes_share_a_store_server_over_http(tmp_path: Path) -> None
     from agentlightning.client import LightningStoreClient
     from agentlightning.server import StoreServer
 
-    with StoreServer(lambda: SqliteLightningStore(tmp_path / "served.db")) as server:
-        served = LightningStoreClient(server.url)
+    token = "runner-processes-test-token"
+    with StoreServer(lambda: SqliteLightningStore(tmp_path / "served.db"), token=token) as server:
+        served = LightningStoreClient(server.url, token=token)  # the runner process borrows the client's token
         _trainer(served, processes=2, setup=(mark_setup,)).fit(reporting, [{"i": i, "sleep": 0.25} for i in range(60)])
         asyncio.run(served.close())  # the Trainer closes only the stores it opened
 
         async def workers() -> list[str]:
-            client = LightningStoreClient(server.url)
+            client = LightningStoreClient(server.url, token=token)
             try:
                 found: list[str] = []
                 for r in await client.query_rollouts():
@@ -236,3 +237,46 @@ def test_runner_processes_share_a_store_server_over_http(tmp_path: Path) -> None
 
         seen = asyncio.run(workers())
     assert len(seen) == 60 and any(re.search(r"-p1-w\d+$", w) for w in seen)
+
+
+_SCRIPT_AGENT_FIT = """
+import sys
+from agentlightning import rollout
+from agentlightning.algorithms import BaselineAlgorithm
+from agentlightning.emit import emit_message
+from agentlightning.trainer import Trainer
+
+
+@rollout
+def script_agent(task):
+    import time
+
+    time.sleep(task["sleep"])
+    emit_message("from the script")
+    return 1.0
+
+
+if __name__ == "__main__":
+    trainer = Trainer(BaselineAlgorithm(), store=sys.argv[1], n_runners=2, runner_processes=2)
+    trainer.fit(script_agent, [{"i": i, "sleep": 0.25} for i in range(40)])
+"""
+
+
+def test_an_agent_defined_in_the_training_script_reaches_the_runner_processes(tmp_path: Path) -> None:
+    """The usual single-file script: ``@rollout`` in ``__main__``, the fit under the ``__main__`` guard."""
+    script = tmp_path / "train_here.py"
+    script.write_text(_SCRIPT_AGENT_FIT)
+    db = tmp_path / "store.db"
+    # a relative store path: the runner process opens the same file
+    done = subprocess.run(
+        [sys.executable, str(script), "store.db"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        workers = [row[0] for row in conn.execute("SELECT worker_id FROM attempts WHERE status = 'succeeded'")]
+    assert len(workers) == 40 and any(re.search(r"-p1-w\d+$", w) for w in workers)
