@@ -2,7 +2,9 @@
 
 Simple case, one process: ``Trainer(algorithm).fit(agent, train_tasks, val_tasks)`` opens an embedded SQLite store at
 ``runs/<timestamp>/store.db``, starts a :class:`~agentlightning.store.Watchdog`, ``n_runners`` in-process runner
-workers whose spans go to the store, and runs the algorithm; when the algorithm returns the runners stop.
+workers whose spans go to the store, and runs the algorithm; when the algorithm returns the runners stop. With
+``runner_processes=N`` it also starts N-1 runner processes on the same store, for agents whose Python work holds the
+GIL (:mod:`agentlightning._runner_processes`).
 
 Distributed case: point every process at one store (``store="http://host:4747"`` or a shared SQLite path) and give
 each a ``role``: ``"algorithm"`` (no runners), ``"runner"`` (runners only, until stopped) or ``"both"``. The
