@@ -182,15 +182,21 @@ class _WaitCountingStore(InMemoryLightningStore):
         self.waiting = 0
         self.most_waiting = 0
 
-    async def claim_rollout(self, worker_id: str | None = None, *, timeout_s: float | None = None) -> Any:
+    async def _counted(self, claim: Any, worker_id: str | None, timeout_s: float | None) -> Any:
         if timeout_s is None:
-            return await super().claim_rollout(worker_id)
+            return await claim(worker_id)
         self.waiting += 1
         self.most_waiting = max(self.most_waiting, self.waiting)
         try:
-            return await super().claim_rollout(worker_id, timeout_s=timeout_s)
+            return await claim(worker_id, timeout_s=timeout_s)
         finally:
             self.waiting -= 1
+
+    async def claim_rollout(self, worker_id: str | None = None, *, timeout_s: float | None = None) -> Any:
+        return await self._counted(super().claim_rollout, worker_id, timeout_s)
+
+    async def claim_and_start(self, worker_id: str | None = None, *, timeout_s: float | None = None) -> Any:
+        return await self._counted(super().claim_and_start, worker_id, timeout_s)
 
 
 async def test_idle_workers_take_turns_waiting_for_work() -> None:
