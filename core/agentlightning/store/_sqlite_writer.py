@@ -86,6 +86,7 @@ class GroupCommitWriter:
         self._txn = txn
         self._connection = connection
         self._committed = committed
+        self._transaction = WriteTransaction(lock, txn, connection)  # no per-use state: one serves every lone write
         self._queue_lock = threading.Lock()
         self._pending: list[_Write[Any]] = []
         # Loops with a flush scheduled; weak, so a loop closed before its flush ran is not kept alive.
@@ -120,18 +121,8 @@ class GroupCommitWriter:
 
     def _apply_alone(self, op: Callable[[], T]) -> T:
         """Nothing is queued and nothing else could run first: one transaction, without the queue's bookkeeping."""
-        with self._lock:
-            conn = self._connection()
-            self._txn.reset()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = op()
-                conn.execute("COMMIT")
-            except BaseException:
-                self._txn.reset()
-                if conn.in_transaction:  # a failed COMMIT leaves it open
-                    conn.execute("ROLLBACK")
-                raise
+        with self._transaction:
+            result = op()
         self._committed()
         return result
 

@@ -201,12 +201,9 @@ class SqliteLightningStore(LightningStore):
                 if conn.execute(_ANY_CLAIMABLE).fetchone() is None:
                     return None
         now = self._clock()
-        claimed = await self._writer.write(lambda: self._claim_op(worker_id, now, start))
+        claimed = await self._writer.write(lambda: op_claim(self._txn, worker_id, now, start=start))
         self._queue_looked_empty = claimed is None
         return claimed
-
-    def _claim_op(self, worker_id: str | None, now: int, start: bool) -> ClaimedRollout | None:
-        return op_claim(self._txn, worker_id, now, start=start)
 
     async def _claim(self, worker_id: str | None, timeout_s: float | None, start: bool) -> ClaimedRollout | None:
         if timeout_s is None:
