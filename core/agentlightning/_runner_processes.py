@@ -20,7 +20,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from multiprocessing.context import SpawnProcess
 from multiprocessing.synchronize import Event
 
 from agentlightning.agent import FunctionAgent, LitAgent, load_agent
@@ -144,30 +143,28 @@ class RunnerProcesses:
         token: str | None = None,
         setup: Sequence[Callable[[], object]] = (),
     ) -> None:
-        reference = agent_reference(agent)
-        if reference is None:
+        agent_sent: str | bytes | None = agent_reference(agent)
+        if agent_sent is None:
             try:
-                self._agent: str | bytes = pickle.dumps(agent)
+                agent_sent = pickle.dumps(agent)
             except Exception as exc:
                 raise ValueError(
                     f"runner_processes > 1 sends the agent to other processes, but {agent!r} can neither be imported "
                     f"by name (define it at the top level of a module or of the script) nor pickled: {exc}"
                 ) from exc
-        else:
-            self._agent = reference
         for step in setup:
             if _importable_name(step) is None:
                 raise ValueError(f"setup callables must be importable module-level functions; got {step!r}")
-        self._store = store_reference(store)
+        store_spec = store_reference(store)
         token = token or getattr(store, "token", None)  # a client passed in carries its own
-        self._context = multiprocessing.get_context("spawn")
-        self._stop = self._context.Event()
+        context = multiprocessing.get_context("spawn")
+        self._stop = context.Event()
         self._processes = [
-            self._context.Process(
+            context.Process(
                 target=_run_child,
                 args=(
-                    self._agent,
-                    self._store,
+                    agent_sent,
+                    store_spec,
                     token,
                     n_runners,
                     f"{worker_prefix}-p{i + 1}",
@@ -181,11 +178,6 @@ class RunnerProcesses:
             )
             for i in range(count)
         ]
-
-    @property
-    def processes(self) -> list[SpawnProcess]:
-        """The runner processes (started or not)."""
-        return self._processes
 
     def start(self) -> None:
         """Start every process."""

@@ -176,6 +176,12 @@ def test_ctrl_c_stops_the_trainer_and_its_runner_processes(tmp_path: Path) -> No
         time.sleep(0.2)
 
 
+def _succeeded_workers(db: Path) -> list[str]:
+    """The worker id of every succeeded attempt in the store at ``db``."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        return [row[0] for row in conn.execute("SELECT worker_id FROM attempts WHERE status = 'succeeded'")]
+
+
 def _attempt_workers(db: Path) -> int:
     """How many runner processes have started attempts in the store at ``db`` (0 before it exists)."""
     if not db.exists():
@@ -199,8 +205,7 @@ def test_agl_train_runs_runner_processes_with_their_setup(tmp_path: Path) -> Non
     done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _attempt_workers(db) == 2
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        workers = [row[0] for row in conn.execute("SELECT worker_id FROM attempts WHERE status = 'succeeded'")]
+    workers = _succeeded_workers(db)
     assert len(workers) == 60 and any(re.search(r"-p1-w\d+$", w) for w in workers)
 
 
@@ -277,6 +282,5 @@ def test_an_agent_defined_in_the_training_script_reaches_the_runner_processes(tm
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        workers = [row[0] for row in conn.execute("SELECT worker_id FROM attempts WHERE status = 'succeeded'")]
+    workers = _succeeded_workers(db)
     assert len(workers) == 40 and any(re.search(r"-p1-w\d+$", w) for w in workers)
