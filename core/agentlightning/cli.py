@@ -223,6 +223,10 @@ async def _run_runner(
         finally:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)
+            # The process is stopping: a late SIGTERM (a supervisor's, or one `agl runner --processes` forwards)
+            # asks for nothing more, and its default action would cut the store's close short and exit -15.
+            # ^C still interrupts.
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
             await store.close()
 
 

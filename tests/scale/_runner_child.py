@@ -30,6 +30,10 @@ async def main(url: str, agent: str, worker_id: str, workers: int, max_rollouts:
     try:
         stats = await runner.run(max_rollouts=max_rollouts)
     finally:
+        # A SIGTERM that arrives after the run ended (the test stops a runner that already reached MAX_ROLLOUTS)
+        # asks for nothing more; left to the default action it would kill the process before it prints its stats.
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         await client.close()
     print(json.dumps(dataclasses.asdict(stats)), flush=True)
 

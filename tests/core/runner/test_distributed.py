@@ -95,3 +95,45 @@ async def test_killed_runner_attempt_times_out_and_another_runner_finishes_it(
             assert attempts[0].worker_id == "victim-w0" and attempts[1].worker_id == "rescuer-w0"
         finally:
             await client.close()
+
+
+def test_sigterm_after_the_last_rollout_does_not_kill_the_runner_mid_exit(tmp_path: Path) -> None:
+    # A supervisor's SIGTERM can land after `--max-rollouts` ended the run, while the store closes; the process
+    # must still exit 0. SIGTERM is sent every millisecond from the rollout's success until the process is gone.
+    path = tmp_path / "store.db"
+
+    async def enqueue() -> str:
+        store = SqliteLightningStore(path)
+        try:
+            return (await store.enqueue_rollout({"i": 0})).rollout_id
+        finally:
+            await store.close()
+
+    async def succeeded(rollout_id: str) -> bool:
+        store = SqliteLightningStore(path)
+        try:
+            rollout = await store.get_rollout(rollout_id)
+            return rollout is not None and rollout.status == "succeeded"
+        finally:
+            await store.close()
+
+    rollout_id = asyncio.run(enqueue())
+    command = [sys.executable, "-m", "agentlightning.cli", "runner", "--store", str(path), "--max-rollouts", "1"]
+    command += ["--agent", "tests.core.runner.agents:counting", "--workers", "1", "--quiet"]
+    runner = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not asyncio.run(succeeded(rollout_id)):
+            assert runner.poll() is None, runner.communicate()[0].decode()
+            assert time.monotonic() < deadline, "the runner never finished the rollout"
+            time.sleep(0.01)
+        signals = 0
+        while runner.poll() is None:
+            runner.send_signal(signal.SIGTERM)
+            signals += 1
+            time.sleep(0.001)
+        assert runner.returncode == 0, (signals, runner.communicate()[0].decode())
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        runner.communicate(timeout=10)
