@@ -12,7 +12,6 @@ integration's ``instrument``) run first in each process, because instrumentation
 from __future__ import annotations
 
 import asyncio
-import importlib
 import multiprocessing
 import os
 import pickle
@@ -22,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from multiprocessing.synchronize import Event
 
-from agentlightning.agent import FunctionAgent, LitAgent, load_agent
+from agentlightning.agent import FunctionAgent, LitAgent, import_attribute, load_agent
 from agentlightning.store.base import LightningStore
 
 # How often the Trainer looks for a runner process that died, and how long stop() waits for them to finish their
@@ -34,12 +33,9 @@ STOP_TIMEOUT_S = 60.0
 def _resolve(module_name: str, qualname: str) -> object | None:
     """What ``module_name``'s ``qualname`` is after importing the module (None when missing)."""
     try:
-        found: object = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError):
+        return import_attribute(f"{module_name}:{qualname}", "runner process object")
+    except ValueError:
         return None
-    return found
 
 
 def _importable_name(obj: object, module_name: str | None = None, qualname: str | None = None) -> str | None:

@@ -279,16 +279,16 @@ def as_agent(obj: object) -> LitAgent:
     )
 
 
-def load_agent(spec: str) -> LitAgent:
-    """Import an agent from ``"package.module:attribute"`` (what ``agl runner --agent`` takes)."""
+def import_attribute(spec: str, kind: str, form: str = "'package.module:attribute'") -> object:
+    """What ``"package.module:attribute"`` names (the attribute may be dotted); a ValueError about ``kind`` if not."""
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise ValueError(f"agent {spec!r} must look like 'package.module:function', e.g. 'my_agents:solve'")
+        raise ValueError(f"{kind} {spec!r} must look like {form}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(
-            f"cannot import module {module_name!r} for agent {spec!r}: {exc}; "
+            f"cannot import module {module_name!r} for {kind} {spec!r}: {exc}; "
             "run from the directory that holds it or install its package"
         ) from exc
     obj: object = module
@@ -297,4 +297,9 @@ def load_agent(spec: str) -> LitAgent:
             public = sorted(n for n in dir(module) if not n.startswith("_"))
             raise ValueError(f"module {module_name!r} has no attribute {attribute!r}; it defines {public}")
         obj = getattr(obj, part)
-    return as_agent(obj)
+    return obj
+
+
+def load_agent(spec: str) -> LitAgent:
+    """Import an agent from ``"package.module:attribute"`` (what ``agl runner --agent`` takes)."""
+    return as_agent(import_attribute(spec, "agent", "'package.module:function', e.g. 'my_agents:solve'"))

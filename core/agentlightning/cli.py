@@ -397,15 +397,12 @@ def dev_command(
 
 def _load_attribute(spec: str, param_hint: str) -> object:
     """What ``package.module:attribute`` names, or a BadParameter for ``param_hint``."""
-    import importlib
+    from agentlightning.agent import import_attribute
 
-    module_name, sep, attribute = spec.partition(":")
-    if not sep or not module_name or not attribute:
-        raise typer.BadParameter(f"{spec!r} must look like 'package.module:attribute'", param_hint=param_hint)
     try:
-        return getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as exc:
-        raise typer.BadParameter(f"cannot load {spec!r}: {exc}", param_hint=param_hint) from exc
+        return import_attribute(spec, param_hint.removeprefix("--"))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=param_hint) from exc
 
 
 def _load_algorithm(spec: str) -> Algorithm:
