@@ -17,16 +17,19 @@ import asyncio
 import cProfile
 import io
 import pstats
+import sqlite3
 import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import orjson
 from opentelemetry.trace import SpanKind
 
 from agentlightning.client import LightningStoreClient
 from agentlightning.store import InMemoryLightningStore, LightningStore, SqliteLightningStore
+from agentlightning.store._sqlite_spans import encode_spans
 from agentlightning.tracing import LightningTracer, StoreSpanSink, rollout_context
 from agentlightning.types import Span
 from bench._util import (
@@ -134,6 +137,42 @@ def measure_cycles(request: Mapping[str, Any]) -> dict[str, float]:
     return asyncio.run(run())
 
 
+def measure_cycle_floor(request: Mapping[str, Any]) -> dict[str, float]:
+    """Cycles/s of the cheapest durable cycle SQLite allows from Python: no store, one worker, no asyncio.
+
+    A cycle is three calls that must each be durable when they return (enqueue; claim and start; finish with the 10
+    spans), so three ``BEGIN IMMEDIATE``/``INSERT``/``COMMIT`` appends to one table without indexes, with the same
+    WAL/``synchronous=NORMAL`` settings as our store; the spans are re-addressed as in the real cycle and encoded
+    with our store's encoder (orjson, ~5 µs for the 10). No state is read or checked: a lower bound on the time of
+    any durable SQLite design, not a store.
+    """
+    total = int(request["cycles"])
+    template = llm_spans("ro-template", "at-template", SPANS_PER_CYCLE)
+    conn = sqlite3.connect(Path(_scratch.name) / f"floor-{next(_databases)}.db", isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        # Our store checkpoints on a background thread; here no checkpoint runs inside a measured commit either.
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        conn.execute("CREATE TABLE log (seq INTEGER PRIMARY KEY, body BLOB NOT NULL)")
+
+        def append(body: bytes) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO log (body) VALUES (?)", (body,))
+            conn.execute("COMMIT")
+
+        watch = Stopwatch()
+        for n in range(total):
+            rollout_id, attempt_id = f"ro-{n:012x}", f"at-{n:012x}"
+            append(orjson.dumps({"rollout_id": rollout_id, "input": {"worker": 0, "task": n}, "status": "queuing"}))
+            append(orjson.dumps({"rollout_id": rollout_id, "attempt_id": attempt_id, "status": "running"}))
+            spans = [span.model_copy(update={"rollout_id": rollout_id, "attempt_id": attempt_id}) for span in template]
+            append(encode_spans(spans)[0])
+        return watch.result(total)
+    finally:
+        conn.close()
+
+
 class _TracerRig:
     """The tracer and its store, built once per worker as a runner process would."""
 
@@ -165,7 +204,12 @@ def measure_tracer(request: Mapping[str, Any]) -> dict[str, float]:
     return watch.result(count)
 
 
-_MEASURES = {"ingest": measure_ingest, "cycles": measure_cycles, "tracer": measure_tracer}
+_MEASURES = {
+    "ingest": measure_ingest,
+    "cycles": measure_cycles,
+    "cycle_floor": measure_cycle_floor,
+    "tracer": measure_tracer,
+}
 
 
 def profile(request: Mapping[str, Any]) -> str:
