@@ -44,6 +44,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span as SdkSpan, SpanProcessor
 
 from agentlightning import semconv
 from agentlightning._lean_tracer import LeanTracerProvider, sdk_settings_in_environment
+from agentlightning._loops import close_loop
 from agentlightning.otel import span_from_readable
 from agentlightning.types.spans import Span
 
@@ -179,7 +180,7 @@ class StoreSpanSink:
             loops, self._own_loops = self._own_loops, []
         for loop in loops:
             if not loop.is_running():
-                loop.close()
+                close_loop(loop)  # a store may have left tasks on it (a PostgreSQL pool's workers)
 
 
 # --- span processor -----------------------------------------------------------------------------------------------

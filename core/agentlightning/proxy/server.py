@@ -10,6 +10,7 @@ from typing import Any
 
 import uvicorn
 
+from agentlightning._loops import close_loop
 from agentlightning.proxy.app import create_proxy_app, proxy_of
 from agentlightning.store.base import LightningStore
 
@@ -99,7 +100,7 @@ class ProxyServer:
                 loop.run_until_complete(server.serve(sockets=[sock]))
             finally:
                 sock.close()
-                loop.close()
+                close_loop(loop)  # the span writer's store may have left tasks on it (a PostgreSQL pool's workers)
 
         self._thread = threading.Thread(target=run, daemon=True, name="agentlightning-proxy")
         self._thread.start()

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
+from agentlightning._loops import run_forever_then_close
 from agentlightning.store.base import StoreError
 
 T = TypeVar("T")
@@ -84,7 +85,9 @@ class LoopPools:
             self._check_open()
             if self._private is None:
                 loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name=f"agl-postgres:{self._name}", daemon=True)
+                thread = threading.Thread(
+                    target=run_forever_then_close, args=(loop,), name=f"agl-postgres:{self._name}", daemon=True
+                )
                 thread.start()
                 self._private, self._private_thread = loop, thread
                 self._private_pool = self._new_pool(1)
@@ -106,19 +109,17 @@ class LoopPools:
         if home is not None and home_pool is not None:
             if home is current:
                 await home_pool.close()
-            elif not home.is_closed():
+            elif home.is_running():
                 # Closed from another loop: ask the home loop, but never hang on one that is blocked right now.
                 future = asyncio.run_coroutine_threadsafe(home_pool.close(), home)
                 with contextlib.suppress(concurrent.futures.TimeoutError, TimeoutError):
                     await asyncio.wait_for(asyncio.wrap_future(future), _CLOSE_WAIT_S)
+            # A home loop that is not running (a sink thread's loop between exports) would never take the request;
+            # its pool's tasks are cancelled when that loop is closed (asyncio.run, agentlightning._loops).
         if private is not None and thread is not None and private_pool is not None:
             await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(private_pool.close(), private))
-            # What asyncio.run does before closing a loop: async generators still open on it (psycopg's) are closed
-            # now; collected after the close, their finalizer would call into a closed loop ("Event loop is closed").
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(private.shutdown_asyncgens(), private))
             private.call_soon_threadsafe(private.stop)
-            await asyncio.to_thread(thread.join)
-            private.close()
+            await asyncio.to_thread(thread.join)  # the thread closes the loop as asyncio.run would
 
 
 async def _with_connection(pool: AsyncConnectionPool[AsyncConnection[Any]], work: Work[T]) -> T:

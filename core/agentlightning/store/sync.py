@@ -8,6 +8,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
+from agentlightning._loops import run_forever_then_close
 from agentlightning.store.base import LightningStore, SortOrder, StoreStatistics
 from agentlightning.types import (
     Attempt,
@@ -45,7 +46,9 @@ class SyncLightningStore:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name="agentlightning-sync-store", daemon=True)
+                thread = threading.Thread(
+                    target=run_forever_then_close, args=(loop,), name="agentlightning-sync-store", daemon=True
+                )
                 thread.start()
                 self._loop, self._thread = loop, thread
             return self._loop
@@ -218,8 +221,7 @@ class SyncLightningStore:
                 self._loop = self._thread = None
             if loop is not None and thread is not None:
                 loop.call_soon_threadsafe(loop.stop)
-                thread.join()
-                loop.close()
+                thread.join()  # the thread closes the loop, cancelling what the store left running on it
 
     def __enter__(self) -> SyncLightningStore:
         """Use as a context manager that closes on exit."""

@@ -8,8 +8,10 @@ a store server mid-ingest is in ``tests/scale/test_faults.py``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import LiteralString, cast
 
@@ -19,8 +21,10 @@ import pytest
 from agentlightning.client import LightningStoreClient
 from agentlightning.server import StoreServer
 from agentlightning.store import IllegalTransitionError, LightningStore, StoreError, SyncLightningStore
+from agentlightning.store._pg_pools import _CLOSE_WAIT_S  # pyright: ignore[reportPrivateUsage]
 from agentlightning.store.postgres import MIGRATIONS, PostgresLightningStore
 from agentlightning.testing.postgres import PostgresCluster
+from agentlightning.tracing import LightningTracer, StoreSpanSink, rollout_context
 from agentlightning.types import RolloutConfig, RolloutRequest
 from tests.core.store.conformance import FakeClock, StoreConformance, spans_of
 
@@ -247,3 +251,41 @@ def test_one_store_across_successive_event_loops(pg_dsn: str) -> None:
     assert claimed is not None and claimed.rollout.rollout_id == rollout.rollout_id
     assert asyncio.run(store.statistics()).rollouts_by_status == {"preparing": 1}
     asyncio.run(store.close())
+
+
+@pytest.mark.parametrize("store_first", [True, False], ids=["store-closed-first", "tracer-closed-first"])
+def test_a_span_sink_loop_as_the_pools_home_closes_cleanly(
+    pg_dsn: str, store_first: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tracer's sink runs the store on its own loop, idle between exports; that loop owns the pool here. Closing
+    # it used to leave the pool's workers pending ("Event loop is closed" from each at garbage collection), and
+    # closing the store first waited _CLOSE_WAIT_S for a loop that was not running, leaving a never-awaited close.
+    unraisable: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(f"{u.exc_type.__name__}: {u.exc_value}"))
+    store = PostgresLightningStore(pg_dsn)
+
+    async def claim(store: PostgresLightningStore) -> tuple[str, str]:
+        await store.enqueue_rollout("traced")
+        claimed = await store.claim_rollout("w")
+        assert claimed is not None
+        return claimed.rollout.rollout_id, claimed.attempt.attempt_id
+
+    rollout_id, attempt_id = asyncio.run(claim(store))  # this loop closes: the sink's becomes home
+    tracer = LightningTracer(StoreSpanSink(store))
+    with rollout_context(rollout_id, attempt_id):
+        for _ in range(3):
+            with tracer.get_tracer("test").start_as_current_span("step"):
+                pass
+    assert tracer.flush(10)
+    assert len(asyncio.run(store.query_spans(rollout_id))) == 3
+    began = time.monotonic()
+    if store_first:
+        asyncio.run(store.close())
+        tracer.shutdown()
+    else:
+        tracer.shutdown()
+        asyncio.run(store.close())
+    assert time.monotonic() - began < _CLOSE_WAIT_S
+    del tracer, store
+    gc.collect()
+    assert unraisable == []
