@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 __all__ = ["close_loop", "run_forever_then_close"]
 
@@ -20,9 +21,19 @@ CANCEL_WAIT_S = 5.0  # a task that ignores its cancellation must not hang the cl
 def close_loop(loop: asyncio.AbstractEventLoop) -> None:
     """Cancel ``loop``'s pending tasks, let them finish, close its async generators, then close it.
 
-    Call it from a thread where no loop is running, with ``loop`` stopped; a closed loop is left as it is.
+    ``loop`` must be stopped; a closed loop is left as it is. Called from a thread that runs a loop of its own
+    (asyncio forbids running a second one there), the work moves to a short-lived thread.
     """
     if loop.is_closed():
+        return
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        helper = threading.Thread(target=close_loop, args=(loop,), name="agentlightning-close-loop")
+        helper.start()
+        helper.join()
         return
     try:
         tasks = asyncio.all_tasks(loop)

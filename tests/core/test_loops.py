@@ -105,3 +105,16 @@ def test_sync_store_close_cancels_what_the_store_left_on_its_loop() -> None:
     sync.close()
     assert loop.is_closed()
     assert task.cancelled() and leftovers.task_finally_ran and leftovers.generator_closed
+
+
+async def test_close_loop_from_a_coroutine_closes_another_loop() -> None:
+    # This thread runs the test's loop and cannot run a second one: the close happens on a helper thread instead.
+    loop = asyncio.new_event_loop()
+    leftovers = _Leftovers()
+    tasks: list[asyncio.Task[None]] = []
+    starter = threading.Thread(target=lambda: tasks.append(loop.run_until_complete(leftovers.start())))
+    starter.start()
+    starter.join()
+    close_loop(loop)
+    assert loop.is_closed()
+    assert tasks[0].cancelled() and leftovers.task_finally_ran and leftovers.generator_closed
