@@ -392,13 +392,13 @@ def store_and_tracer(sizes: Sizes, comparison: Comparison, peer: Path) -> None:
         # suite has to fit in ten minutes on a shared machine.
         compare("store ingest (batches of 100)", "spans/s", "ingest", False, True, spans=sizes.ingest_spans)
         for workers in (1, 16, 64):
-            label = f"full cycle, in process, {workers} workers"
+            label = _in_process_cycle_label(workers)
             compare(label, "rollouts/s", "cycles", False, workers == 1, cycles=sizes.cycles, workers=workers)
         _cycle_floor(ours, sizes, comparison)
         for workers in (1, 16):
             # For context, not the target: the same cycle with our in-memory store against the peer's (no disk, no
             # durability on either side).
-            label = f"full cycle, in process, {workers} workers, our in-memory store (no target)"
+            label = f"{_in_process_cycle_label(workers)}, our in-memory store (no target)"
             parameters = {"cycles": sizes.cycles, "workers": workers, "backend": "memory"}
             compare(label, "rollouts/s", "cycles", False, False, target=False, **parameters)
         for workers in (1, 16, 64):
@@ -418,6 +418,11 @@ def store_and_tracer(sizes: Sizes, comparison: Comparison, peer: Path) -> None:
                 comparison.profiles[f"ours, {row.label}: cProfile of one run"] = str(profile)
 
 
+def _in_process_cycle_label(workers: int) -> str:
+    """The label of the in-process cycle row at ``workers`` (the floor row looks the peer's figure up by it)."""
+    return f"full cycle, in process, {workers} workers"
+
+
 def _cycle_floor(ours: SideWorker, sizes: Sizes, comparison: Comparison) -> None:
     """The durable floor at 1 worker (bare SQLite appends, no store) against the peer's 1-worker cycle of this run.
 
@@ -429,7 +434,7 @@ def _cycle_floor(ours: SideWorker, sizes: Sizes, comparison: Comparison) -> None
     [(floor, floor_cpu)] = _interleaved(
         [(ours, {"cycles": sizes.cycles}, None)], sizes.runs, "cycle_floor", label, comparison.notes, warmup=True
     )
-    peer = next((row for row in comparison.rows if row.label == "full cycle, in process, 1 workers"), None)
+    peer = next((row for row in comparison.rows if row.label == _in_process_cycle_label(1)), None)
     theirs, theirs_cpu = (peer.theirs, peer.theirs_cpu) if peer else (None, None)
     comparison.rows.append(Row(label, "rollouts/s", floor, theirs, True, "", None, 0, floor_cpu, theirs_cpu))
     comparison.notes.append(
