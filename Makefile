@@ -6,6 +6,8 @@ VENV_VERL := .venv-verl
 # The trainer's torch; pinning it keeps pip on the CPU build where one is available locally.
 TORCH ?= torch==2.13.0
 PIP_FLAGS ?= -q --disable-pip-version-check
+# Each environment takes about 2 GB installed (torch's CPU build is 750 MB of it); pip needs room to unpack as well.
+VENV_MB ?= 2600
 
 MAIN_MEMBERS := -e "./core[server]" -e ./integrations/langchain -e ./integrations/autogen -e ./integrations/openai_agents -e ./trainer -e ".[all]"
 CREWAI_MEMBERS := -e "./core[server]" -e ./integrations/crewai
@@ -20,6 +22,7 @@ system-deps:
 	bash scripts/ensure_chromium.sh
 
 $(VENV)/.installed: pyproject.toml core/pyproject.toml trainer/pyproject.toml integrations/*/pyproject.toml requirements-dev.txt
+	bash scripts/check_space.sh $(VENV) $(VENV_MB)
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
 	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
@@ -29,6 +32,7 @@ $(VENV)/.installed: pyproject.toml core/pyproject.toml trainer/pyproject.toml in
 setup-crewai: $(VENV_CREWAI)/.installed
 
 $(VENV_CREWAI)/.installed: core/pyproject.toml integrations/crewai/pyproject.toml requirements-crewai.txt
+	bash scripts/check_space.sh $(VENV_CREWAI) $(VENV_MB)
 	test -d $(VENV_CREWAI) || $(PYTHON) -m venv $(VENV_CREWAI)
 	$(VENV_CREWAI)/bin/pip install $(PIP_FLAGS) --upgrade pip
 	$(VENV_CREWAI)/bin/pip install $(PIP_FLAGS) $(CREWAI_MEMBERS) -r requirements-crewai.txt
@@ -38,6 +42,7 @@ setup-verl: $(VENV_VERL)/.installed
 
 # verl's CPU-importable build for the conversion/advantage tests; GPU runs use verl's own pins (docs/verl.md).
 $(VENV_VERL)/.installed: core/pyproject.toml trainer/pyproject.toml requirements-verl.txt
+	bash scripts/check_space.sh $(VENV_VERL) $(VENV_MB)
 	test -d $(VENV_VERL) || $(PYTHON) -m venv $(VENV_VERL)
 	$(VENV_VERL)/bin/pip install $(PIP_FLAGS) --upgrade pip
 	$(VENV_VERL)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
