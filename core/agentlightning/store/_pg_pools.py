@@ -4,6 +4,16 @@ psycopg's async connections and pool belong to the event loop that opened them, 
 thread and loop of a process (the conformance suite claims from six threads, each with its own loop). So the first
 loop that uses the store (the server's, in ``agl store``) gets the pool — no hop on the hot path — and calls from
 any other loop run on a private loop thread with a pool of its own.
+
+psycopg_pool's maintenance workers do not stop when cancelled in the middle of a task: it counts a CancelledError
+raised inside a connect as a failed connect (logs "error connecting", schedules a retry) and the worker goes back to
+waiting for work. A pool opened on a loop that is then closed by cancelling its tasks (``asyncio.run``, a span
+sink's loop closed by ``agentlightning._loops.close_loop``) while it is still connecting in the background (a fresh
+pool always opens a second connection for the client waiting on the first; under load that one is often still in
+flight when the work is done) therefore held that close: forever in ``asyncio.run``, ``CANCEL_WAIT_S`` in
+``close_loop``, which then left the worker pending ("Event loop is closed" when it was garbage-collected).
+:class:`_Pool` makes its workers stop when cancelled, and its ``close`` cancels them instead of waiting for a
+connect in flight.
 """
 
 from __future__ import annotations
@@ -11,12 +21,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
+from psycopg_pool.pool_async import MaintenanceTask, StopWorker
 
 from agentlightning._loops import run_forever_then_close
 from agentlightning.store.base import StoreError
@@ -24,6 +37,64 @@ from agentlightning.store.base import StoreError
 T = TypeVar("T")
 Work = Callable[[AsyncConnection[Any]], Awaitable[T]]
 _CLOSE_WAIT_S = 5.0
+log = logging.getLogger(__name__)
+_WORKERS: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()  # the running tasks of _Pool.worker
+
+
+class _WorkerCancelled(BaseException):
+    """A pool worker's connect was cancelled; not a CancelledError, which psycopg_pool catches and logs there."""
+
+
+class _Pool(AsyncConnectionPool[AsyncConnection[Any]]):
+    """psycopg_pool's pool, with maintenance workers that stop when cancelled, and a close that cancels them."""
+
+    @classmethod
+    async def worker(cls, q: asyncio.Queue[MaintenanceTask]) -> None:
+        """psycopg_pool's worker loop, except that a cancellation ends it, even one arriving inside a task.
+
+        It returns rather than raising, so that the pool's own ``close`` (which gathers its workers) still closes the
+        pooled connections after :meth:`close` cancelled them.
+        """
+        current = asyncio.current_task()
+        if current is not None:
+            _WORKERS.add(current)
+        while True:
+            try:
+                task = await q.get()
+            except asyncio.CancelledError:
+                return
+            if isinstance(task, StopWorker):
+                return
+            try:
+                await task.run()
+            except _WorkerCancelled:
+                return
+            except (Exception, asyncio.CancelledError) as exc:
+                if _cancelling(current):
+                    return
+                log.warning("task run %s failed: %s: %s", task, type(exc).__name__, exc)
+            if _cancelling(current):
+                return  # the task caught the CancelledError itself
+
+    async def _connect(self, timeout: float | None = None) -> AsyncConnection[Any]:  # noqa: ASYNC109 (psycopg's)
+        try:
+            return await super()._connect(timeout)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current in _WORKERS and _cancelling(current):
+                raise _WorkerCancelled from None  # past psycopg_pool's "error connecting" and its retry
+            raise
+
+    async def close(self, timeout: float = 5.0) -> None:  # noqa: ASYNC109 (psycopg_pool's signature)
+        """Close the pool without waiting for a connect in flight: its workers are cancelled (idle ones too)."""
+        if not self.closed:
+            for worker in self._workers:
+                worker.cancel()
+        await super().close(timeout)
+
+
+def _cancelling(task: asyncio.Task[Any] | None) -> bool:
+    return task is not None and task.cancelling() > 0
 
 
 class LoopPools:
@@ -44,7 +115,7 @@ class LoopPools:
         self._private_pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
 
     def _new_pool(self, min_size: int) -> AsyncConnectionPool[AsyncConnection[Any]]:
-        return AsyncConnectionPool(
+        return _Pool(
             self._dsn,
             min_size=min_size,
             max_size=max(min_size, self._max_size),

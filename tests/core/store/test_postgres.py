@@ -13,11 +13,12 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import LiteralString, cast
+from typing import Any, LiteralString, cast
 
 import psycopg
 import pytest
 
+from agentlightning._loops import CANCEL_WAIT_S, close_loop
 from agentlightning.client import LightningStoreClient
 from agentlightning.server import StoreServer
 from agentlightning.store import IllegalTransitionError, LightningStore, StoreError, SyncLightningStore
@@ -287,5 +288,54 @@ def test_a_span_sink_loop_as_the_pools_home_closes_cleanly(
         asyncio.run(store.close())
     assert time.monotonic() - began < _CLOSE_WAIT_S
     del tracer, store
+    gc.collect()
+    assert unraisable == []
+
+
+@pytest.mark.parametrize("order", ["store-closed-first", "loop-closed-first", "store-closed-on-its-loop"])
+def test_closing_while_the_pool_connects_is_prompt_and_leaves_no_task(
+    pg_dsn: str, order: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fresh pool opens its first connection and, for the client already waiting, a second one in the background;
+    # under load that second connect is still in flight when the work is done and the loop goes idle (a span sink's
+    # loop between exports). psycopg_pool's worker counted the CancelledError that closing the loop sends into that
+    # connect as a failed connect and went on waiting for work: the loop's close waited CANCEL_WAIT_S, then left the
+    # worker pending ("Event loop is closed" when it was garbage-collected); the pool's own close waited 5 s for it.
+    # Here the second connect never finishes by itself.
+    unraisable: list[str] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(f"{u.exc_type.__name__}: {u.exc_value}"))
+    connect = psycopg.AsyncConnection.connect
+    connects = 0
+    second_connect = asyncio.Event()
+
+    async def first_connect_only(cls: type[psycopg.AsyncConnection[Any]], *args: Any, **kwargs: Any) -> Any:
+        nonlocal connects
+        connects += 1
+        if connects > 1:
+            second_connect.set()
+            await asyncio.Event().wait()  # still connecting when the store and its loop close
+        return await connect.__func__(cls, *args, **kwargs)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", classmethod(first_connect_only))
+    store = PostgresLightningStore(pg_dsn)
+    loop = asyncio.new_event_loop()  # the pool's home, idle once the work is done
+    assert loop.run_until_complete(store.statistics()).rollouts_by_status == {}
+
+    # the background connect is in flight (the pool's worker may start it a loop turn after the work is done)
+    loop.run_until_complete(asyncio.wait_for(second_connect.wait(), 10))
+    began = time.monotonic()
+    if order == "store-closed-first":
+        asyncio.run(store.close())
+        close_loop(loop)
+    elif order == "loop-closed-first":
+        close_loop(loop)
+        asyncio.run(store.close())
+    else:
+        loop.run_until_complete(store.close())
+        assert [task for task in asyncio.all_tasks(loop) if not task.done()] == []
+        close_loop(loop)
+    assert time.monotonic() - began < CANCEL_WAIT_S / 2
+    assert [task for task in asyncio.all_tasks(loop) if not task.done()] == []
+    del store, loop
     gc.collect()
     assert unraisable == []
