@@ -37,7 +37,7 @@ from agentlightning.store.base import StoreError
 T = TypeVar("T")
 Work = Callable[[AsyncConnection[Any]], Awaitable[T]]
 _CLOSE_WAIT_S = 5.0
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 _WORKERS: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()  # the running tasks of _Pool.worker
 
 
@@ -72,7 +72,7 @@ class _Pool(AsyncConnectionPool[AsyncConnection[Any]]):
             except (Exception, asyncio.CancelledError) as exc:
                 if _cancelling(current):
                     return
-                log.warning("task run %s failed: %s: %s", task, type(exc).__name__, exc)
+                logger.warning("task run %s failed: %s: %s", task, type(exc).__name__, exc)
             if _cancelling(current):
                 return  # the task caught the CancelledError itself
 
