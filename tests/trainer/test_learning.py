@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from agentlightning_trainer import tool_choice
 from agentlightning_trainer.config import LightningRLConfig, PolicySpec
@@ -44,3 +45,20 @@ def test_rollout_mean_and_kl_settings_train(tool_spec: PolicySpec) -> None:
     result = train_in_process(config, tool_choice.tasks(), None, messages=tool_choice.messages, score=tool_choice.score)
     assert [m.step for m in result.history] == [1, 2, 3]
     assert all("kl" in m.extra and m.extra["kl"] >= 0 for m in result.history)
+
+
+def test_row_weights_reproduce_both_aggregations() -> None:
+    """The per-row weights used for micro-batches give exactly aggregate()'s token-mean and rollout-mean."""
+    from agentlightning_trainer.torch_backend.losses import aggregate, row_weights
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        rows, width = int(torch.randint(1, 9, (1,), generator=gen)), int(torch.randint(1, 6, (1,), generator=gen))
+        values = torch.randn(rows, width, generator=gen)
+        lengths = torch.randint(1, width + 1, (rows,), generator=gen)
+        mask = (torch.arange(width)[None, :] < lengths[:, None]).float()
+        rollout_index = torch.unique(torch.randint(0, 4, (rows,), generator=gen), return_inverse=True)[1]
+        for mode in ("token-mean", "rollout-mean"):
+            expected = aggregate(values, mask, rollout_index, mode)
+            got = ((values * mask).sum(dim=1) * row_weights(mask, rollout_index, mode)).sum()
+            assert torch.allclose(got, expected, atol=1e-6), mode

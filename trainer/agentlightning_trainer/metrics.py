@@ -125,6 +125,15 @@ class MetricsLogger:
             self._mlflow.log_metrics({k.replace("/", "."): v for k, v in scalars.items()}, step=metrics.step)
         if self._wandb is not None:
             self._wandb.log(scalars, step=metrics.step)
+        if self._progress is not None and not self.console.is_terminal:
+            # A log file or CI gets no live bar (rich draws it only at the end there): one line per step instead.
+            val = self._last_val()
+            self.console.print(
+                f"step {metrics.step}/{self._progress.tasks[0].total:.0f}: reward {metrics.reward_mean:.2f} "
+                f"(ema {metrics.reward_ema:.2f}), val {'-' if val is None else f'{val:.2f}'}, "
+                f"rollouts {metrics.rollout_s:.1f} s, update {metrics.update_s:.1f} s, {metrics.wall_s:.0f} s in",
+                soft_wrap=True,
+            )
         if self._progress is not None:
             val = self._last_val()
             self._progress.update(
@@ -148,6 +157,8 @@ class MetricsLogger:
             self._wandb.log({"val_reward": reward}, step=step)
         if self._progress is not None:
             self._progress.update(self._task, val=f"{reward:.2f}")
+            if not self.console.is_terminal:
+                self.console.print(f"validation (greedy) at step {step}: {reward:.2f}")
 
     def warn(self, message: str) -> None:
         """Show a warning on the console and in the log."""

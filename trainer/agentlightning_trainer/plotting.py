@@ -8,7 +8,13 @@ from pathlib import Path
 from agentlightning_trainer.metrics import StepMetrics
 
 
-def plot_reward_curve(history: Sequence[StepMetrics], val_history: Sequence[tuple[int, float]], path: Path) -> Path:
+def plot_reward_curve(
+    history: Sequence[StepMetrics],
+    val_history: Sequence[tuple[int, float]],
+    path: Path,
+    *,
+    title: str = "LightningRL on the tool-choice task",
+) -> Path:
     """Write the train and validation reward curves to ``path`` (matplotlib, no display needed)."""
     import matplotlib
 
@@ -31,7 +37,7 @@ def plot_reward_curve(history: Sequence[StepMetrics], val_history: Sequence[tupl
     ax.set_xlabel("training step", fontsize=11)
     ax.set_ylabel("mean reward", fontsize=11)
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("LightningRL on the tool-choice task", fontsize=12)
+    ax.set_title(title, fontsize=12)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=10)
     fig.tight_layout()

@@ -41,7 +41,18 @@ from pydantic import BaseModel, Field
 
 from agentlightning.semconv import HEADER_POLICY_VERSION
 from agentlightning_trainer.config import PolicySpec
-from agentlightning_trainer.torch_backend.policy import Policy
+from agentlightning_trainer.tool_calls import (
+    GUIDED_CALL_CLOSE,
+    GUIDED_CALL_OPEN,
+    GUIDED_NAME_END,
+    TOOL_CALL_END,
+    forces_a_call,
+    parse_tool_calls,
+    takes_no_arguments,
+    tool_choice_names,
+    validate_tools,
+)
+from agentlightning_trainer.torch_backend.policy import Guide, Policy
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +69,7 @@ class _Pending:
     prompt: list[int]
     temperature: float
     max_tokens: int
+    guide: Guide | None
     future: asyncio.Future[Any] = field(repr=False)
 
 
@@ -70,16 +82,18 @@ class _Batcher:
         self.version = version
         self.max_batch = max_batch
         self.wait_s = wait_s
-        self.generator = torch.Generator().manual_seed(seed)
+        self.generator = torch.Generator(device=policy.device).manual_seed(seed)
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self.lock = asyncio.Lock()  # held by a generate or a weight swap, never both
         self.task: asyncio.Task[None] | None = None
         self.batches = 0
 
-    async def submit(self, prompt: list[int], temperature: float, max_tokens: int) -> tuple[Any, int]:
+    async def submit(
+        self, prompt: list[int], temperature: float, max_tokens: int, guide: Guide | None = None
+    ) -> tuple[Any, int]:
         """Queue one completion and wait for it; returns the generation and the policy version that made it."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Pending(prompt, temperature, max_tokens, future))
+        await self.queue.put(_Pending(prompt, temperature, max_tokens, guide, future))
         return await future
 
     async def run(self) -> None:
@@ -104,6 +118,7 @@ class _Batcher:
                         temperatures=[p.temperature for p in batch],
                         max_new_tokens=[p.max_tokens for p in batch],
                         generator=self.generator,
+                        guides=[p.guide for p in batch],
                     )
                 except Exception as exc:  # one bad batch must not kill the server; every caller gets the error
                     for p in batch:
@@ -117,9 +132,10 @@ class _Batcher:
 
     async def load_weights(self, path: str, version: int) -> None:
         """Swap in new weights between batches."""
-        state = await asyncio.to_thread(torch.load, path, weights_only=True)
+        state = await asyncio.to_thread(torch.load, path, weights_only=True, map_location="cpu")
         async with self.lock:
-            self.policy.module.load_state_dict(state)
+            # A LoRA policy receives only its adapters (a few MB); the frozen base was loaded once at startup.
+            self.policy.load_trainable_state_dict(state)
             self.version = version
 
 
@@ -159,6 +175,7 @@ def create_policy_app(
             "model": model_name,
             "policy_version": batcher.version,
             "batches": batcher.batches,
+            "device": policy.device.type,
         }
         proxy_server = getattr(app.state, "proxy_server", None)
         if proxy_server is not None:
@@ -186,16 +203,41 @@ def create_policy_app(
             return _error(400, "request body is not JSON", "invalid_json")
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             return _error(400, "chat completions need a non-empty 'messages' list", "invalid_messages")
-        if body.get("tools"):
-            return _error(
-                400,
-                "tools are not supported: the policy server serves plain text (send no tool definitions)",
-                "no_tools",
-            )
+        tools: list[dict[str, Any]] | None = None
+        if body.get("tools") is not None:
+            try:
+                tools = validate_tools(body["tools"]) or None
+            except ValueError as exc:
+                return _error(400, str(exc), "invalid_tools")
         try:
-            prompt = policy.tokenizer.encode_chat(body["messages"])
+            callable_names = tool_choice_names(body.get("tool_choice"), tools or [])
+        except ValueError as exc:
+            return _error(400, str(exc), "invalid_tool_choice")
+        if callable_names is None:  # tool_choice "none": the model is not shown the tools, its reply is text
+            tools = None
+        parallel_calls = body.get("parallel_tool_calls")
+        if parallel_calls is not None and not isinstance(parallel_calls, bool):
+            return _error(400, f"parallel_tool_calls must be true or false, not {parallel_calls!r}", "invalid_tools")
+        try:
+            prompt = policy.tokenizer.encode_chat(body["messages"], tools)
         except ValueError as exc:
             return _error(400, str(exc), "invalid_messages")
+        # tool_choice "required" or a named function: guided decoding of the call (the tiny GPT with reply_words
+        # is constrained by its own reply set instead).
+        guide: Guide | None = None
+        reply_prefix = ""
+        if callable_names and forces_a_call(body.get("tool_choice")) and policy.spec.reply_words is None:
+            reply_prefix = GUIDED_CALL_OPEN
+            prompt = prompt + policy.tokenizer.encode(GUIDED_CALL_OPEN)
+            by_name = {str(t["function"]["name"]): t for t in tools or []}
+            # A tool without parameters gets its whole call fixed ("arguments": {}); others write their arguments.
+            fixed = [takes_no_arguments(by_name[name]) for name in callable_names]
+            choices_ids = tuple(
+                tuple(policy.tokenizer.encode(name + GUIDED_NAME_END + ("}" if whole else "")))
+                for name, whole in zip(callable_names, fixed, strict=True)
+            )
+            complete = frozenset(i for i, whole in enumerate(fixed) if whole)
+            guide = Guide(choices_ids, stop_text=TOOL_CALL_END, close_json=True, complete=complete)
         raw_temperature = body.get("temperature")
         temperature = 1.0 if raw_temperature is None else float(raw_temperature)
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
@@ -206,16 +248,29 @@ def create_policy_app(
                 f"prompt of {len(prompt)} tokens does not fit the model's context of {policy.max_seq_len}",
                 "context_length_exceeded",
             )
-        results = await asyncio.gather(*(batcher.submit(prompt, temperature, max_tokens) for _ in range(n)))
+        results = await asyncio.gather(*(batcher.submit(prompt, temperature, max_tokens, guide) for _ in range(n)))
         version = results[0][1]
         want_ids = bool(body.get("return_token_ids"))
         want_logprobs = bool(body.get("logprobs"))
         choices: list[dict[str, Any]] = []
         for index, (gen, _) in enumerate(results):
+            text = reply_prefix + policy.tokenizer.decode(gen.token_ids)
+            if gen.json_closed:  # a forced call's arguments closed: the frame's end is written, not sampled
+                text += GUIDED_CALL_CLOSE
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            finish_reason = gen.finish_reason
+            if callable_names:
+                # Parsed like vLLM's hermes parser; token_ids and logprobs below stay those sampled, tags and all.
+                content, calls = parse_tool_calls(text, callable_names)
+                if calls:
+                    # parallel_tool_calls=false: the first call only (nothing stops the model writing more).
+                    tool_calls = calls[:1] if parallel_calls is False else calls
+                    message = {"role": "assistant", "content": content, "tool_calls": tool_calls}
+                    finish_reason = "tool_calls"
             choice: dict[str, Any] = {
                 "index": index,
-                "message": {"role": "assistant", "content": policy.tokenizer.decode(gen.token_ids)},
-                "finish_reason": gen.finish_reason,
+                "message": message,
+                "finish_reason": finish_reason,
                 "logprobs": None,
             }
             if want_logprobs:
@@ -256,11 +311,22 @@ def create_policy_app(
 
 
 async def _as_stream(completion: dict[str, Any]) -> AsyncIterator[bytes]:
-    """A finished completion as chat-completion chunks: prompt ids first, one content chunk per choice, [DONE]."""
+    """A finished completion as chat-completion chunks: prompt ids first, then per choice its content (one chunk)
+    or its tool calls (OpenAI's shape: a chunk with id and name, then one with the arguments, then the finish),
+    then usage and [DONE]. Each choice's token ids and logprobs ride on its finishing chunk."""
     base = {k: completion[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    # A tool-call choice without text starts with content None, as OpenAI streams it: a recorder joining the deltas
+    # (the LLM proxy) then gets the same message from the stream as from the whole completion.
     first: dict[str, Any] = base | {
         "choices": [
-            {"index": c["index"], "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            {
+                "index": c["index"],
+                "delta": {
+                    "role": "assistant",
+                    "content": None if c["message"].get("tool_calls") and c["message"]["content"] is None else "",
+                },
+                "finish_reason": None,
+            }
             for c in completion["choices"]
         ]
     }
@@ -268,9 +334,27 @@ async def _as_stream(completion: dict[str, Any]) -> AsyncIterator[bytes]:
         first["prompt_token_ids"] = completion["prompt_token_ids"]
     yield f"data: {json.dumps(first)}\n\n".encode()
     for c in completion["choices"]:
+        message = c["message"]
+        calls: list[dict[str, Any]] = message.get("tool_calls") or []
+        deltas: list[dict[str, Any]] = []
+        if not calls:
+            deltas.append({"content": message["content"]})
+        else:
+            if message["content"] is not None:
+                deltas.append({"content": message["content"]})
+            for i, call in enumerate(calls):
+                head = {"index": i, "id": call["id"], "type": "function"}
+                deltas.append(
+                    {"tool_calls": [head | {"function": {"name": call["function"]["name"], "arguments": ""}}]}
+                )
+                deltas.append({"tool_calls": [{"index": i, "function": {"arguments": call["function"]["arguments"]}}]})
+            deltas.append({})
+        for delta in deltas[:-1]:
+            chunk = {"index": c["index"], "delta": delta, "finish_reason": None, "logprobs": None}
+            yield f"data: {json.dumps(base | {'choices': [chunk]})}\n\n".encode()
         choice: dict[str, Any] = {
             "index": c["index"],
-            "delta": {"content": c["message"]["content"]},
+            "delta": deltas[-1],
             "finish_reason": c["finish_reason"],
             "logprobs": c["logprobs"],
         }
@@ -476,8 +560,10 @@ def main(argv: list[str] | None = None) -> None:
     spec = PolicySpec.model_validate_json(Path(args.spec).read_text())
     policy = Policy.build(spec, seed=args.seed)
     if args.weights:
-        policy.module.load_state_dict(torch.load(args.weights, weights_only=True))
+        policy.load_trainable_state_dict(torch.load(args.weights, weights_only=True, map_location="cpu"))
     policy.module.eval()
+    # One line the trainer's run directory keeps (policy_server.log): where the served weights live.
+    print(f"policy server device: {policy.device.type}", flush=True)
     app = create_policy_app(policy, version=args.version, seed=args.seed)
     servers = [_uvicorn_server(app, args.host, args.port)]
     if args.proxy_store:

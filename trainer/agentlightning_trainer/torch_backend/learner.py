@@ -14,7 +14,7 @@ import torch
 
 from agentlightning.types import Transition
 from agentlightning_trainer.config import LightningRLConfig
-from agentlightning_trainer.torch_backend.losses import aggregate, clipped_policy_loss, gae, k3_kl, whiten
+from agentlightning_trainer.torch_backend.losses import clipped_policy_loss, gae, k3_kl, row_weights, whiten
 from agentlightning_trainer.torch_backend.policy import Policy
 
 logger = logging.getLogger(__name__)
@@ -27,8 +27,13 @@ class TorchLearner:
         """Create AdamW over the policy (and a frozen reference copy when kl_coef > 0)."""
         self.policy = policy
         self.config = config
-        self.optimizer = torch.optim.AdamW(policy.module.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-        self.reference = copy.deepcopy(policy.module).eval() if config.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(
+            policy.trainable_parameters(), lr=config.lr, weight_decay=config.weight_decay
+        )
+        # The KL reference: a LoRA policy scores it with its adapters off; any other policy needs a frozen copy.
+        with policy.reference_weights() as built_in:
+            pass
+        self.reference = copy.deepcopy(policy.module).eval() if config.kl_coef > 0 and not built_in else None
         if self.reference is not None:
             self.reference.requires_grad_(False)
         self.sampler = torch.Generator().manual_seed(config.seed)
@@ -62,32 +67,37 @@ class TorchLearner:
         prompts = [t.prompt_token_ids for t in batch]
         responses = [t.response_token_ids for t in batch]
         rollout_ids = {rid: i for i, rid in enumerate(dict.fromkeys(t.rollout_id for t in batch))}
-        rollout_index = torch.tensor([rollout_ids[t.rollout_id] for t in batch])
-        self.policy.module.train()
+        device = self.policy.device
+        rollout_index = torch.tensor([rollout_ids[t.rollout_id] for t in batch], device=device)
+        # Old and reference logprobs are scored in eval mode; the base model's dropout is off in any mode.
+        self.policy.module.eval()
         with torch.no_grad():
             old_lp, old_values, mask = self._behaviour_scores(batch)
             for i, t in enumerate(batch):
                 # The serving engine's logprobs are the behaviour policy's; they make the ratio correct under lag.
                 if t.response_logprobs is not None and len(t.response_logprobs) == len(t.response_token_ids):
-                    old_lp[i, : len(t.response_logprobs)] = torch.tensor(t.response_logprobs)
+                    old_lp[i, : len(t.response_logprobs)] = torch.tensor(t.response_logprobs, device=device)
                 if t.response_mask is not None and len(t.response_mask) == len(t.response_token_ids):
-                    mask[i, : len(t.response_mask)] = torch.tensor(t.response_mask, dtype=mask.dtype)
-            ref_lp = self._reference_logprobs(prompts, responses) if self.reference is not None else None
+                    mask[i, : len(t.response_mask)] = torch.tensor(t.response_mask, dtype=mask.dtype, device=device)
+            ref_lp = self._reference_logprobs(prompts, responses) if cfg.kl_coef > 0 else None
             if cfg.algorithm == "ppo":
                 rewards = torch.zeros_like(mask)
                 last = (mask.sum(dim=1) - 1).clamp(min=0).long()
-                rewards[torch.arange(len(batch)), last] = torch.tensor([t.reward for t in batch])
+                rewards[torch.arange(len(batch), device=device), last] = torch.tensor(
+                    [t.reward for t in batch], device=device
+                )
                 advantages, returns = gae(rewards, old_values * mask, mask, cfg.gamma, cfg.gae_lambda)
                 advantages = whiten(advantages, mask)
             else:
-                advantages = torch.tensor([float(t.advantage or 0.0) for t in batch])[:, None] * mask
+                advantages = torch.tensor([float(t.advantage or 0.0) for t in batch], device=device)[:, None] * mask
                 returns = torch.zeros_like(mask)
         stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_frac": [], "grad_norm": []}
         size = cfg.mini_batch_size or len(batch)
+        self.policy.module.train()  # only LoRA dropout (when configured) differs from eval; checkpointing needs it
         for _ in range(cfg.epochs):
             order = (
                 torch.randperm(len(batch), generator=self.sampler) if size < len(batch) else torch.arange(len(batch))
-            )
+            ).to(device)
             for start in range(0, len(batch), size):
                 idx = order[start : start + size]
                 chosen = [responses[i] for i in idx.tolist()]
@@ -118,11 +128,13 @@ class TorchLearner:
         )
         if self.config.algorithm == "grpo" and have_logprobs:
             r_max = max(len(r) for r in responses)
-            mask = torch.zeros((len(batch), r_max))
+            mask = torch.zeros((len(batch), r_max), device=self.policy.device)
             for i, r in enumerate(responses):
                 mask[i, : len(r)] = 1.0
             return torch.zeros_like(mask), torch.zeros_like(mask), mask
-        return self.policy.response_scores([t.prompt_token_ids for t in batch], responses)
+        return self.policy.response_scores(
+            [t.prompt_token_ids for t in batch], responses, temperature=self.config.temperature
+        )
 
     def _step(
         self,
@@ -137,42 +149,66 @@ class TorchLearner:
         stats: dict[str, list[float]],
     ) -> None:
         cfg = self.config
-        logprobs, values, _ = self.policy.response_scores(prompts, responses)
-        per_token, clipped = clipped_policy_loss(logprobs, old_lp, advantages, cfg.clip_ratio, cfg.clip_high)
-        pg_loss = aggregate(per_token, mask, rollout_index, cfg.loss_aggregation)
-        loss = pg_loss
-        if ref_lp is not None:
-            kl = aggregate(k3_kl(logprobs, ref_lp), mask, rollout_index, cfg.loss_aggregation)
-            loss = loss + cfg.kl_coef * kl
-            stats["kl"].append(kl.item())
-        if cfg.algorithm == "ppo":
-            value_loss = 0.5 * aggregate((values - returns) ** 2, mask, rollout_index, cfg.loss_aggregation)
-            loss = loss + cfg.vf_coef * value_loss
-            stats.setdefault("value_loss", []).append(value_loss.item())
+        weights = row_weights(mask, rollout_index, cfg.loss_aggregation)
+        micro = cfg.micro_batch_size or len(prompts)
+        totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "value_loss": 0.0, "clipped": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.module.parameters(), cfg.max_grad_norm)
+        for start in range(0, len(prompts), micro):
+            rows = slice(start, start + micro)
+            chosen = responses[rows]
+            width = max(len(r) for r in chosen)  # each micro-batch is scored only as wide as its longest reply
+            m, w = mask[rows, :width], weights[rows]
+
+            def weighted(x: torch.Tensor, m: torch.Tensor = m, w: torch.Tensor = w) -> torch.Tensor:
+                return ((x * m).sum(dim=1) * w).sum()
+
+            logprobs, values, _ = self.policy.response_scores(prompts[rows], chosen, temperature=cfg.temperature)
+            per_token, clipped = clipped_policy_loss(
+                logprobs, old_lp[rows, :width], advantages[rows, :width], cfg.clip_ratio, cfg.clip_high
+            )
+            pg_loss = weighted(per_token)
+            loss = pg_loss
+            if ref_lp is not None:
+                kl = weighted(k3_kl(logprobs, ref_lp[rows, :width]))
+                loss = loss + cfg.kl_coef * kl
+                totals["kl"] += kl.item()
+            if cfg.algorithm == "ppo":
+                value_loss = 0.5 * weighted((values - returns[rows, :width]) ** 2)
+                loss = loss + cfg.vf_coef * value_loss
+                totals["value_loss"] += value_loss.item()
+            loss.backward()  # gradients add up over micro-batches: one optimizer step for the whole mini-batch
+            totals["loss"] += loss.item()
+            totals["pg_loss"] += pg_loss.item()
+            totals["clipped"] += float((clipped * m).sum())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.trainable_parameters(), cfg.max_grad_norm)
         self.optimizer.step()
-        stats["loss"].append(loss.item())
-        stats["pg_loss"].append(pg_loss.item())
-        stats["clip_frac"].append(float((clipped * mask).sum() / mask.sum().clamp(min=1.0)))
+        stats["loss"].append(totals["loss"])
+        stats["pg_loss"].append(totals["pg_loss"])
+        if ref_lp is not None:
+            stats["kl"].append(totals["kl"])
+        if cfg.algorithm == "ppo":
+            stats.setdefault("value_loss", []).append(totals["value_loss"])
+        stats["clip_frac"].append(totals["clipped"] / max(1.0, float(mask.sum())))
         stats["grad_norm"].append(float(grad_norm))
 
     @torch.no_grad()
     def _reference_logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:
-        assert self.reference is not None  # only called when kl_coef > 0
+        temperature = self.config.temperature
+        if self.reference is None:  # a LoRA policy: the frozen base is the same module with its adapters off
+            with self.policy.reference_weights():
+                return self.policy.response_scores(prompts, responses, temperature=temperature)[0]
         live = self.policy.module
         self.policy.module = self.reference
         try:
-            return self.policy.response_scores(prompts, responses)[0]
+            return self.policy.response_scores(prompts, responses, temperature=temperature)[0]
         finally:
             self.policy.module = live
 
     # --- weights and checkpoints ---------------------------------------------------------------------------------
     def save_weights(self, path: Path) -> None:
-        """Write the policy's state dict atomically (the policy server loads it)."""
+        """Write what the policy trains (LoRA: the adapters only) atomically; the policy server loads it."""
         tmp = path.with_suffix(path.suffix + ".tmp")
-        torch.save(self.policy.module.state_dict(), tmp)
+        torch.save(self.policy.trainable_state_dict(), tmp)
         tmp.replace(path)
 
     def save_checkpoint(self, directory: Path, step: int, extra: dict[str, Any] | None = None) -> Path:
@@ -180,7 +216,7 @@ class TorchLearner:
         directory.mkdir(parents=True, exist_ok=True)
         state = {
             "step": step,
-            "model": self.policy.module.state_dict(),
+            "model": self.policy.trainable_state_dict(),
             "reference": None if self.reference is None else self.reference.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
@@ -202,8 +238,9 @@ class TorchLearner:
         if not pointer.exists():
             return None
         path = directory / pointer.read_text().strip()
-        state = torch.load(path, weights_only=False)  # our own file: it holds RNG states, not only tensors
-        self.policy.module.load_state_dict(state["model"])
+        # Our own file: it holds RNG states, not only tensors.
+        state = torch.load(path, weights_only=False, map_location="cpu")
+        self.policy.load_trainable_state_dict(state["model"])
         if self.reference is not None and state["reference"] is not None:
             self.reference.load_state_dict(state["reference"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -227,8 +264,8 @@ def load_initial_weights(policy: Policy, path: Path) -> None:
     if isinstance(state, dict) and "model" in state and "optimizer" in state:  # a checkpoint: its model only
         state = state["model"]
     try:
-        policy.module.load_state_dict(state)
-    except RuntimeError as exc:
+        policy.load_trainable_state_dict(state)
+    except (RuntimeError, ValueError) as exc:
         raise ValueError(
             f"init_weights {str(path)!r} does not fit the policy {policy.spec.kind!r} ({policy.spec.model_name}); "
             f"give the PolicySpec the weights were trained with: {exc}"

@@ -17,10 +17,26 @@ def aggregate(
     # with many calls weighs as much as one with a single call.
     row = (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
     n_rollouts = int(rollout_index.max().item()) + 1
-    per_rollout = torch.zeros(n_rollouts, dtype=row.dtype).index_add(0, rollout_index, row)
-    counts = torch.zeros(n_rollouts, dtype=row.dtype).index_add(0, rollout_index, torch.ones_like(row))
+    per_rollout = torch.zeros(n_rollouts, dtype=row.dtype, device=row.device).index_add(0, rollout_index, row)
+    counts = torch.zeros(n_rollouts, dtype=row.dtype, device=row.device).index_add(
+        0, rollout_index, torch.ones_like(row)
+    )
     present = counts > 0
     return (per_rollout[present] / counts[present]).mean()
+
+
+def row_weights(mask: torch.Tensor, rollout_index: torch.Tensor, mode: LossAggregationName) -> torch.Tensor:
+    """Per-row weights ``w`` with ``aggregate(x) == sum_r w_r * sum_t x[r, t] * mask[r, t]``: they let a batch be
+    split into micro-batches (gradient accumulation) with exactly the same loss as in one piece."""
+    tokens = mask.sum(dim=1)
+    if mode == "token-mean":
+        return torch.full_like(tokens, 1.0) / tokens.sum().clamp(min=1.0)
+    n_rollouts = int(rollout_index.max().item()) + 1
+    rows = torch.zeros(n_rollouts, dtype=tokens.dtype, device=tokens.device).index_add(
+        0, rollout_index, torch.ones_like(tokens)
+    )
+    present = int((rows > 0).sum().item())
+    return 1.0 / (tokens.clamp(min=1.0) * rows[rollout_index] * present)
 
 
 def clipped_policy_loss(
@@ -49,8 +65,8 @@ def gae(
     """Generalised advantage estimates and returns per token (``[B, R]``; padding after each row's last token)."""
     b, r = rewards.shape
     advantages = torch.zeros_like(rewards)
-    last = torch.zeros(b)
-    next_value = torch.zeros(b)
+    last = torch.zeros(b, device=rewards.device)
+    next_value = torch.zeros(b, device=rewards.device)
     for t in reversed(range(r)):
         m = mask[:, t]
         delta = rewards[:, t] + gamma * next_value - values[:, t]

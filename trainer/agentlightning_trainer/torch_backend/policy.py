@@ -1,12 +1,15 @@
 """A policy = causal LM + tokenizer with batched sampling (token ids and logprobs) and training forward passes.
 
-The tiny GPT is built in code; any Hugging Face causal LM works through a lazy ``transformers`` import.
+The tiny GPT is built in code; any Hugging Face causal LM works through a lazy ``transformers`` import
+(:mod:`agentlightning_trainer.torch_backend.hf`), on the spec's device and dtype, with LoRA adapters by default.
+Both generate with a key/value cache. Logprobs are those of the distribution sampled from (the logits divided by the
+temperature), and the learner scores at the same temperature, so a temperature other than 1 stays on-policy.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,8 +31,10 @@ class ChatTokenizer(Protocol):
         """Token ids of plain ``text``, without special tokens (e.g. a response to imitate)."""
         ...
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        """Prompt token ids of a chat."""
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Prompt token ids of a chat (with the tool definitions rendered when ``tools`` is given)."""
         ...
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
@@ -44,63 +49,80 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
+    json_closed: bool = False
+    """A :class:`Guide` with ``close_json`` stopped the reply where its JSON object closed."""
 
 
-class _HFTokenizer:
-    """Adapts a HF tokenizer (with its own chat template) to :class:`ChatTokenizer`."""
+@dataclass(frozen=True)
+class Guide:
+    """Guided decoding of one reply: its first tokens spell one of ``choices`` (token sequences, none a prefix of
+    another), sampled among those only; after that the model writes freely until EOS, ``stop_text`` or the budget,
+    or, with ``close_json`` (the choices end inside a JSON object, as a tool call's ``"arguments": {``), until that
+    object closes. A choice listed in ``complete`` ends the reply where it ends (a call whose arguments are fixed).
 
-    def __init__(self, tokenizer: Any) -> None:
-        """Wrap a loaded ``transformers`` tokenizer."""
-        self._tok = tokenizer
-        self.eos_id = int(tokenizer.eos_token_id)
-        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    Recorded logprobs stay the model's own (unrestricted) ones, which the learner recomputes, as with vLLM's guided
+    decoding under verl; a token with a single allowed continuation is forced.
+    """
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without the BOS/EOS the tokenizer would add to a whole sequence."""
-        return [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
+    choices: tuple[tuple[int, ...], ...]
+    stop_text: str | None = None
+    close_json: bool = False
+    complete: frozenset[int] = frozenset()
+    """Indices of the choices that are whole replies."""
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        """Prompt token ids from the model's own chat template, ending where the assistant's reply begins."""
-        ids = self._tok.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, Mapping):  # transformers >= 5 may return a BatchEncoding
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+    def __post_init__(self) -> None:
+        """Reject choices a trie cannot tell apart."""
+        if not self.choices or any(not c for c in self.choices):
+            raise ValueError("a Guide needs at least one non-empty token sequence")
+        for a in self.choices:
+            for c in self.choices:
+                if a is not c and len(a) <= len(c) and c[: len(a)] == a:
+                    raise ValueError(f"guide choice {list(a)} is a prefix of {list(c)}; end each with a delimiter")
 
-    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
-        """Text of token ids."""
-        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special))
-
-
-class _HFWithValueHead(nn.Module):
-    """A HF causal LM returning (logits, values) like :class:`TinyGPT`."""
-
-    def __init__(self, model: Any) -> None:
-        """Add a linear value head over the model's last hidden state."""
-        super().__init__()
-        self.lm = model
-        self.value_head = nn.Linear(int(model.config.hidden_size), 1)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits ``[B, T, V]`` and values ``[B, T]``; positions count only attended tokens (left padding)."""
-        positions = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-        out = self.lm(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, output_hidden_states=True
-        )
-        return out.logits, self.value_head(out.hidden_states[-1].float()).squeeze(-1)
+    def trie(self) -> dict[int, Any]:
+        """The choices as nested dicts token id -> subtree; a leaf is an empty dict, or ``{_END: True}`` for a
+        choice that is a whole reply."""
+        root: dict[int, Any] = {}
+        for index, choice in enumerate(self.choices):
+            node = root
+            for token in choice:
+                node = node.setdefault(token, {})
+            if index in self.complete:
+                node[_END] = True
+        return root
 
 
-def _load_hf(name: str) -> tuple[nn.Module, ChatTokenizer, int]:
-    try:
-        transformers: Any = importlib.import_module("transformers")
-    except ImportError as exc:
-        raise ImportError(
-            f"policy kind 'hf' (model {name!r}) needs transformers: pip install transformers "
-            "(or use kind='tiny_gpt' for the built-in offline model)"
-        ) from exc
-    tokenizer = transformers.AutoTokenizer.from_pretrained(name)
-    model = transformers.AutoModelForCausalLM.from_pretrained(name)
-    max_len = int(getattr(model.config, "max_position_embeddings", 2048))
-    return _HFWithValueHead(model), _HFTokenizer(tokenizer), max_len
+_END = -1  # a trie key no token id takes: the choice ending here is the whole reply
+
+
+class _JsonDepth:
+    """Tracks the brace depth of JSON text fed piece by piece, from inside one object; says when it closes."""
+
+    def __init__(self) -> None:
+        """Start one object deep, outside any string."""
+        self.depth = 1
+        self.in_string = False
+        self.escaped = False
+
+    def feed(self, text: str) -> bool:
+        """Consume ``text``; True once the object that was open at the start has closed."""
+        for ch in text:
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return True
+        return False
 
 
 def _reply_token_ids(tokenizer: WordCharTokenizer, words: Sequence[str]) -> tuple[int, ...]:
@@ -120,21 +142,32 @@ def _reply_token_ids(tokenizer: WordCharTokenizer, words: Sequence[str]) -> tupl
 class Policy:
     """A causal LM and its tokenizer: sample completions with logprobs, and score responses for training."""
 
-    def __init__(self, spec: PolicySpec, module: nn.Module, tokenizer: ChatTokenizer, max_seq_len: int) -> None:
+    def __init__(
+        self,
+        spec: PolicySpec,
+        module: nn.Module,
+        tokenizer: ChatTokenizer,
+        max_seq_len: int,
+        device: torch.device | None = None,
+    ) -> None:
         """Wrap an already built module; use :meth:`build` to construct one from a spec."""
         self.spec = spec
         self.module = module
         self.tokenizer = tokenizer
         self.max_seq_len = max_seq_len
+        self.device = device or torch.device("cpu")
+        self.stop_ids: frozenset[int] = frozenset(getattr(tokenizer, "stop_ids", (tokenizer.eos_id,)))
 
     @classmethod
     def build(cls, spec: PolicySpec, *, seed: int = 0) -> Policy:
-        """Build the policy a spec describes; the tiny GPT's initial weights depend only on ``seed``."""
+        """Build the policy a spec describes; weights not loaded from files (tiny GPT, LoRA init) follow ``seed``."""
         if spec.kind == "hf":
-            if not spec.hf_model:
-                raise ValueError("policy kind 'hf' needs hf_model (a HF model id or a local path)")
-            module, hf_tok, max_len = _load_hf(spec.hf_model)
-            return cls(spec, module, hf_tok, max_len)
+            from agentlightning_trainer.torch_backend.hf import load_hf
+
+            module, hf_tok, max_len, device = load_hf(spec, seed=seed)
+            return cls(spec, module, hf_tok, max_len, device)
+        from agentlightning_trainer.torch_backend.hf import resolve_device
+
         tokenizer = WordCharTokenizer(spec.words)
         config = TinyGPTConfig(
             reply_token_ids=None if spec.reply_words is None else _reply_token_ids(tokenizer, spec.reply_words),
@@ -147,8 +180,52 @@ class Policy:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             module = TinyGPT(config)
-        return cls(spec, module, tokenizer, spec.max_seq_len)
+        device = resolve_device(spec)
+        module.to(device)
+        module.eval()
+        return cls(spec, module, tokenizer, spec.max_seq_len, device)
 
+    # --- what is trained and published ----------------------------------------------------------------------------
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The parameters an update changes: LoRA adapters (+ value head) for a LoRA policy, else every weight."""
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """What a new policy version consists of: only the trainable tensors for LoRA (the base never changes)."""
+        if not self.spec.uses_lora:
+            return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
+        return {name: p.detach().cpu() for name, p in self.module.named_parameters() if p.requires_grad}
+
+    def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load what :meth:`trainable_state_dict` returned (a LoRA policy takes adapters only; nothing else moves)."""
+        if not self.spec.uses_lora:
+            self.module.load_state_dict(state)
+            return
+        expected = {name for name, p in self.module.named_parameters() if p.requires_grad}
+        if set(state) != expected:
+            missing, unknown = sorted(expected - set(state))[:3], sorted(set(state) - expected)[:3]
+            raise ValueError(
+                f"adapter weights do not fit this LoRA policy (missing {missing}, unknown {unknown}); were they "
+                "trained with the same PolicySpec (lora_rank, lora_target_modules)?"
+            )
+        with torch.no_grad():
+            params = dict(self.module.named_parameters())
+            for name, value in state.items():
+                params[name].copy_(value.to(params[name].device, params[name].dtype))
+
+    @contextmanager
+    def reference_weights(self) -> Iterator[bool]:
+        """Score with the frozen initial model when the policy has one built in (LoRA: adapters off); yields
+        whether it did, so that a caller without one keeps its own frozen copy."""
+        base = getattr(self.module, "base_weights", None)
+        if self.spec.uses_lora and base is not None:
+            with base():
+                yield True
+        else:
+            with nullcontext():
+                yield False
+
+    # --- forward passes ---------------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits ``[B, T, V]`` and values ``[B, T]``."""
         return self.module(input_ids, attention_mask)
@@ -161,97 +238,225 @@ class Policy:
         temperatures: Sequence[float],
         max_new_tokens: Sequence[int],
         generator: torch.Generator | None = None,
+        guides: Sequence[Guide | None] | None = None,
     ) -> list[Generation]:
-        """Sample one completion per prompt in one batch; temperature 0 is greedy; logprobs are at temperature 1."""
+        """Sample one completion per prompt in one batch with a KV cache; temperature 0 is greedy.
+
+        Logprobs are of the sampled distribution (logits / temperature; greedy rows at temperature 1). ``guides``:
+        one optional :class:`Guide` per prompt.
+        """
         if not prompts:
             return []
         if len(temperatures) != len(prompts) or len(max_new_tokens) != len(prompts):
             raise ValueError("generate needs one temperature and one max_new_tokens per prompt")
+        if guides is not None and len(guides) != len(prompts):
+            raise ValueError("generate needs one guide (or None) per prompt")
+        was_training = self.module.training
         self.module.eval()
+        try:
+            return self._generate(prompts, temperatures, max_new_tokens, generator, guides)
+        finally:
+            self.module.train(was_training)
+
+    def _generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        temperatures: Sequence[float],
+        max_new_tokens: Sequence[int],
+        generator: torch.Generator | None,
+        guides: Sequence[Guide | None] | None,
+    ) -> list[Generation]:
         b = len(prompts)
         longest = max(len(p) for p in prompts)
-        if longest == 0:
+        if min(len(p) for p in prompts) == 0:
             raise ValueError("generate got an empty prompt; a prompt needs at least one token")
         budget = [min(int(m), self.max_seq_len - len(p)) for m, p in zip(max_new_tokens, prompts, strict=True)]
         if min(budget) <= 0:
             raise ValueError(
                 f"prompt of {longest} tokens leaves no room to generate within max_seq_len {self.max_seq_len}"
             )
+        device = self.device
         pad = self.tokenizer.pad_id
         ids = torch.full((b, longest), pad, dtype=torch.long)
         mask = torch.zeros((b, longest), dtype=torch.long)
         for i, p in enumerate(prompts):  # left padding keeps every row's next token at the last column
             ids[i, longest - len(p) :] = torch.tensor(list(p), dtype=torch.long)
             mask[i, longest - len(p) :] = 1
-        temps = torch.tensor([float(t) for t in temperatures])
+        ids, mask = ids.to(device), mask.to(device)
+        temps = torch.tensor([float(t) for t in temperatures], device=device)
         greedy = temps <= 0
+        scale = torch.where(greedy, torch.ones_like(temps), temps.clamp(min=1e-6))[:, None]
+        # Sampling draws from `generator`; on another device than the logits it samples there (the CPU) instead.
+        sample_device = generator.device if generator is not None else device
+        stop = torch.tensor(sorted(self.stop_ids), device=device)
         out_ids: list[list[int]] = [[] for _ in range(b)]
         out_lps: list[list[float]] = [[] for _ in range(b)]
         finish = ["length"] * b
         finished = [False] * b
-        cached = isinstance(self.module, TinyGPT)
-        past: list[Any] | None = None
+        forward_cached: Any = getattr(self.module, "forward_cached")  # noqa: B009  # TinyGPT and HFCausalLM have it
+        # A guided row walks its trie while `nodes[i]` is a non-empty subtree; `None` = free (or unguided).
+        nodes: list[dict[int, Any] | None] = [g.trie() if g is not None else None for g in guides or [None] * b]
+        stop_texts = [g.stop_text if g is not None else None for g in guides or [None] * b]
+        # JSON depth of rows with close_json once their trie is done (their choices leave them one object deep).
+        depth: list[_JsonDepth | None] = [
+            _JsonDepth() if g is not None and g.close_json else None for g in guides or [None] * b
+        ]
+        closed = [False] * b
+        past: Any = None
         step_ids = ids
+        logits = self._prefill(forward_cached, prompts, ids, mask)
+        if logits is not None:  # each distinct prompt ran once; `past` is its cache, one row per reply
+            logits, past = logits
         for _ in range(max(budget)):
-            if cached:
-                assert isinstance(self.module, TinyGPT)  # narrowed for the type checker
-                logits, _, past = self.module.forward_cached(step_ids, mask, past)
-                logits = logits[:, -1, :].float()
-            else:
-                logits = self.forward(ids, mask)[0][:, -1, :].float()
-            logprobs = torch.log_softmax(logits, dim=-1)
-            scaled = logits / temps.clamp(min=1e-6)[:, None]
-            sampled = torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator).squeeze(1)
-            token = torch.where(greedy, logits.argmax(dim=-1), sampled)
+            if logits is None:
+                logits, _, past = forward_cached(step_ids, mask, past)
+            logprobs = torch.log_softmax(logits[:, -1, :].float() / scale, dim=-1)
+            logits = None
+            choose = logprobs
+            if any(nodes):
+                allowed = torch.ones_like(logprobs, dtype=torch.bool)
+                for i, node in enumerate(nodes):
+                    if node:
+                        allowed[i] = False
+                        allowed[i, [t for t in node if t != _END]] = True
+                choose = logprobs.masked_fill(~allowed, float("-inf"))
+            probs = torch.softmax(choose, dim=-1).to(sample_device)
+            sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(device)
+            token = torch.where(greedy, choose.argmax(dim=-1), sampled)
             token_lp = logprobs.gather(1, token[:, None]).squeeze(1).tolist()
             token_list = token.tolist()
+            is_stop = torch.isin(token, stop).tolist()
             for i in range(b):
                 if finished[i]:
                     continue
-                tid = token_list[i]
-                out_ids[i].append(tid)
+                out_ids[i].append(token_list[i])
                 out_lps[i].append(token_lp[i])
-                if tid == self.tokenizer.eos_id:
+                node = nodes[i]
+                scanner = depth[i]
+                if node:
+                    child = node[token_list[i]]
+                    closed[i] = _END in child
+                    nodes[i] = None if closed[i] else (child or None)
+                elif scanner is not None and scanner.feed(self.tokenizer.decode([token_list[i]])):
+                    closed[i] = True
+                stop_text = stop_texts[i]
+                if (
+                    closed[i]
+                    or is_stop[i]
+                    or (stop_text is not None and not nodes[i] and stop_text in self.tokenizer.decode(out_ids[i][-8:]))
+                ):
                     finish[i] = "stop"
                     finished[i] = True
                 elif len(out_ids[i]) >= budget[i]:
                     finished[i] = True
             if all(finished):
                 break
-            done = torch.tensor(finished)
+            done = torch.tensor(finished, device=device)
             step_ids = torch.where(done, pad, token)[:, None]
-            ids = torch.cat([ids, step_ids], dim=1)
             mask = torch.cat([mask, (~done).long()[:, None]], dim=1)
-        return [Generation(out_ids[i], out_lps[i], finish[i]) for i in range(b)]
+        return [Generation(out_ids[i], out_lps[i], finish[i], closed[i]) for i in range(b)]
+
+    @staticmethod
+    def _prefill(
+        forward_cached: Any, prompts: Sequence[Sequence[int]], ids: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, Any] | None:
+        """Run each distinct prompt once and copy its KV cache to every row that repeats it (K samples of one
+        task arrive together); None when every prompt is distinct (the plain first step does the same work)."""
+        first: dict[tuple[int, ...], int] = {}
+        rows = [first.setdefault(tuple(p), i) for i, p in enumerate(prompts)]
+        if len(first) == len(prompts):
+            return None
+        unique = torch.tensor(sorted(first.values()), device=ids.device)
+        position = {row: j for j, row in enumerate(sorted(first.values()))}
+        index = torch.tensor([position[r] for r in rows], device=ids.device)
+        logits, _, past = forward_cached(ids[unique], mask[unique], None)
+        if isinstance(past, list):  # the tiny GPT's cache: (keys, values) per block
+            past = [(k[index], v[index]) for k, v in past]
+        else:  # a transformers Cache
+            past.reorder_cache(index)
+        return logits[index], past
 
     def response_scores(
-        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]]
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *, temperature: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Logprobs and values of each response token given its prompt, and the response mask (all ``[B, R]``)."""
+        """Logprobs (at ``temperature``) and values of each response token given its prompt, and the response mask
+        (all ``[B, R]``, on the policy's device)."""
         b = len(prompts)
-        lengths = [len(p) + len(r) for p, r in zip(prompts, responses, strict=True)]
-        total = max(lengths)
+        total = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
         if total > self.max_seq_len:
             raise ValueError(
                 f"a transition has {total} tokens, more than the policy's max_seq_len {self.max_seq_len}; "
                 "lower max_prompt_tokens/max_response_tokens in the config"
             )
+        score_group = getattr(self.module, "score_group", None)
+        if score_group is not None and not self.spec.gradient_checkpointing:
+            return self._scores_by_prompt(score_group, prompts, responses, temperature)
         r_max = max(len(r) for r in responses)
+        # Left padding ends every response at the last column, so only the last r_max + 1 positions' logits are
+        # needed: for a 49k-token vocabulary the full [B, T, V] logits would dominate the memory of a step.
+        keep = r_max + 1
         ids = torch.full((b, total), self.tokenizer.pad_id, dtype=torch.long)
         mask = torch.zeros((b, total), dtype=torch.long)
-        gather_pos = torch.zeros((b, r_max), dtype=torch.long)
         targets = torch.zeros((b, r_max), dtype=torch.long)
-        resp_mask = torch.zeros((b, r_max))
         for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
             seq = [*p, *r]
-            ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-            mask[i, : len(seq)] = 1
+            ids[i, total - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[i, total - len(seq) :] = 1
             n = len(r)
-            # The logits at position j predict token j + 1: response token k is predicted at len(p) - 1 + k.
-            gather_pos[i, :n] = torch.arange(len(p) - 1, len(p) - 1 + n)
-            targets[i, :n] = torch.tensor(list(r), dtype=torch.long)
-            resp_mask[i, :n] = 1.0
-        logits, values = self.forward(ids, mask)
-        picked = logits.gather(1, gather_pos[:, :, None].expand(-1, -1, logits.shape[-1])).float()
+            # Responses are right-aligned to column r_max here, as in the sequence; the logits at kept column c
+            # (absolute total - keep + c) predict the token at column c + 1.
+            targets[i, r_max - n :] = torch.tensor(list(r), dtype=torch.long)
+        device = self.device
+        ids, mask, targets = ids.to(device), mask.to(device), targets.to(device)
+        if isinstance(self.module, TinyGPT):
+            logits, values = self.module(ids, mask)
+            logits, values = logits[:, -keep:], values[:, -keep:]
+        else:
+            logits, values = self.module(ids, mask, keep)
+        picked = logits[:, :-1].float()
+        if temperature > 0 and temperature != 1.0:
+            picked = picked / temperature
         logprobs = torch.log_softmax(picked, dim=-1).gather(2, targets[:, :, None]).squeeze(2)
-        return logprobs, values.gather(1, gather_pos).float(), resp_mask
+        # Back to the left-aligned layout callers use (row i's tokens at [i, :len(r_i)]), zero past the end.
+        shift = torch.tensor([r_max - len(r) for r in responses], device=device)
+        cols = (torch.arange(r_max, device=device)[None, :] + shift[:, None]).clamp(max=r_max - 1)
+        left_mask = torch.zeros((b, r_max), device=device)
+        for i, r in enumerate(responses):
+            left_mask[i, : len(r)] = 1.0
+        return logprobs.gather(1, cols) * left_mask, values[:, :-1].float().gather(1, cols) * left_mask, left_mask
+
+    def _scores_by_prompt(
+        self,
+        score_group: Any,
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        temperature: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`response_scores` with one prompt pass per distinct prompt (its replies share the KV cache)."""
+        b, r_max, device = len(prompts), max(len(r) for r in responses), self.device
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, p in enumerate(prompts):
+            groups.setdefault(tuple(p), []).append(i)
+        logprobs = torch.zeros((b, r_max), device=device)
+        values = torch.zeros((b, r_max), device=device)
+        mask = torch.zeros((b, r_max), device=device)
+        for prompt, rows in groups.items():
+            replies = [list(responses[i]) for i in rows]
+            logits, vals = score_group(list(prompt), replies, self.tokenizer.pad_id)
+            width = logits.shape[1]
+            targets = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+            for j, r in enumerate(replies):
+                targets[j, : len(r)] = torch.tensor(r, dtype=torch.long, device=device)
+            picked = logits.float()
+            if temperature > 0 and temperature != 1.0:
+                picked = picked / temperature
+            lp = torch.log_softmax(picked, dim=-1).gather(2, targets[:, :, None]).squeeze(2)
+            index = torch.tensor(rows, device=device)
+            row_mask = torch.zeros((len(rows), r_max), device=device)
+            for j, r in enumerate(replies):
+                row_mask[j, : len(r)] = 1.0
+            # index_put keeps the graph: the rows of each group land in their places of the batch.
+            logprobs = logprobs.index_put((index,), torch.nn.functional.pad(lp, (0, r_max - width)))
+            values = values.index_put((index,), torch.nn.functional.pad(vals.float(), (0, r_max - width)))
+            mask[index] = row_mask
+        return logprobs * mask, values * mask, mask

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from agentlightning_trainer.tool_calls import assistant_calls, content_text, format_tool_call, tool_names
 
 # Special tokens. The chat template writes role markers as single tokens so that prompts stay short and the model
 # never has to learn to spell them.
@@ -18,18 +20,9 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, END, SYSTEM, USER, ASSISTANT)
 _ROLE_TOKENS = {"system": SYSTEM, "developer": SYSTEM, "user": USER, "assistant": ASSISTANT, "tool": USER}
 
 
-def message_text(message: dict[str, Any]) -> str:
+def message_text(message: Mapping[str, Any]) -> str:
     """The text of an OpenAI chat message whose content is a string or a list of text parts."""
-    content = message.get("content")
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts: list[str] = []
-    for part in content:
-        if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
-            parts.append(str(part.get("text", "")))
-    return "".join(parts)
+    return content_text(message.get("content"))
 
 
 class WordCharTokenizer:
@@ -87,20 +80,36 @@ class WordCharTokenizer:
             out.append(piece)
         return "".join(out)
 
-    def render_chat(self, messages: Sequence[dict[str, Any]]) -> str:
-        """The chat template: ``<|bos|>`` then ``<|role|>text<|end|>`` per message, then ``<|assistant|>``."""
+    def render_chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> str:
+        """The chat template: ``<|bos|>`` then ``<|role|>text<|end|>`` per message, then ``<|assistant|>``.
+
+        With ``tools`` a compact line ``<|system|>tools: add, search<|end|>`` follows ``<|bos|>``: the tiny GPT's
+        context is ~256 tokens, too short for the Hermes block with its schemas. An assistant's ``tool_calls``
+        follow its text as compact calls (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, what the
+        policy server parses back; add a whole call string to ``words`` to make it one token); tool results are
+        user turns, as before.
+        """
         parts = [BOS]
+        if tools:
+            parts.append(f"{SYSTEM}tools: {', '.join(tool_names(tools))}{END}")
         for message in messages:
             role = str(message.get("role", "user"))
             if role not in _ROLE_TOKENS:
                 raise ValueError(f"unknown chat role {role!r}; expected one of {sorted(_ROLE_TOKENS)}")
-            parts.append(f"{_ROLE_TOKENS[role]}{message_text(message)}{END}")
+            text = message_text(message)
+            if role == "assistant" and message.get("tool_calls"):
+                text += "".join(format_tool_call(name, args, compact=True) for name, args in assistant_calls(message))
+            parts.append(f"{_ROLE_TOKENS[role]}{text}{END}")
         parts.append(ASSISTANT)
         return "".join(parts)
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        """Token ids of the rendered chat prompt, ending where the assistant's reply begins."""
-        return self.encode(self.render_chat(messages))
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> list[int]:
+        """Token ids of the rendered chat prompt (:meth:`render_chat`), ending where the assistant's reply begins."""
+        return self.encode(self.render_chat(messages, tools))
 
     def to_config(self) -> dict[str, Any]:
         """JSON-serialisable description from which :meth:`from_config` rebuilds an identical tokenizer."""
