@@ -23,7 +23,8 @@ import uvicorn
 from agentlightning_trainer.config import PolicySpec
 from agentlightning_trainer.policy_server import create_policy_app
 from agentlightning_trainer.tool_calls import GUIDED_CALL_OPEN, GUIDED_NAME_END
-from agentlightning_trainer.torch_backend.policy import Guide, Policy, _JsonDepth
+from agentlightning_trainer.torch_backend.guided import Guide, JsonDepth
+from agentlightning_trainer.torch_backend.policy import Policy
 
 transformers: Any = pytest.importorskip("transformers")
 tokenizers: Any = pytest.importorskip("tokenizers")
@@ -74,10 +75,10 @@ def bpe_llama(tmp_path_factory: pytest.TempPathFactory) -> Policy:
 
 
 def test_json_depth_ignores_braces_inside_strings() -> None:
-    depth = _JsonDepth()
+    depth = JsonDepth()
     assert not depth.feed('"a": "}{\\"}", "b": [1, {"c": 2}]')
     assert depth.feed("}")
-    assert _JsonDepth().feed('"x": 1}, junk')
+    assert JsonDepth().feed('"x": 1}, junk')
 
 
 def test_guided_generation_spells_one_choice_and_stops_where_a_whole_choice_ends(bpe_llama: Policy) -> None:

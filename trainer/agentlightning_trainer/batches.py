@@ -143,15 +143,24 @@ def non_llm_resources(snapshot: ResourcesSnapshot | None) -> dict[str, Resource]
     return {k: v for k, v in snapshot.resources.items() if not isinstance(v, LLM)}
 
 
-def policy_llm(url: str, model: str, version: int, temperature: float, max_tokens: int) -> LLM:
-    """The ``LLM`` resource of a trained policy behind the proxy at ``url``, serving weights ``version``."""
+def policy_llm(
+    url: str, model: str, version: int, temperature: float, max_tokens: int, agents: Sequence[str] = ()
+) -> LLM:
+    """The ``LLM`` resource of a trained policy behind the proxy at ``url``, serving weights ``version``;
+    ``agents`` with weights of their own are served as ``<model>@<agent>`` (:meth:`LLM.model_for`)."""
     return LLM(
         base_url=url,
         model=model,
         proxied=True,
         weights_version=version,
         sampling={"temperature": temperature, "max_tokens": max_tokens},
+        agent_models={agent: agent_model_name(model, agent) for agent in agents},
     )
+
+
+def agent_model_name(model: str, agent: str) -> str:
+    """The model name the policy server serves agent ``agent``'s own weights under."""
+    return f"{model}@{agent}"
 
 
 async def publish_llm(store: LightningStore, llm: LLM, *, name: str = LLM_RESOURCE) -> ResourcesSnapshot:

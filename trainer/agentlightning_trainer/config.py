@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -62,6 +63,12 @@ class PolicySpec(BaseModel):
     lora_target_modules: str | tuple[str, ...] = Field(
         default="all-linear", description="Modules that get adapters: 'all-linear' (peft) or module names."
     )
+    adapters: tuple[str, ...] = Field(
+        default=(),
+        description="Agents with weights of their own on the shared frozen base (LoRA adapters of an HF model, copies "
+        "of the tiny GPT); the policy server serves agent A as model '<model_name>@A' and every other request with "
+        "the frozen base. Set by LightningRLConfig(adapter_per_agent=True).",
+    )
     gradient_checkpointing: bool = Field(
         default=False, description="HF models: recompute activations in the backward pass (less memory, ~30% slower)."
     )
@@ -89,6 +96,12 @@ class PolicySpec(BaseModel):
                 )
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"policy device {self.device!r} is not 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        if len(set(self.adapters)) != len(self.adapters) or any(
+            not a or "@" in a or a == "base" for a in self.adapters
+        ):
+            raise ValueError(
+                f"adapters must be distinct non-empty agent names without '@', not 'base'; got {list(self.adapters)}"
+            )
         if self.kind == "tiny_gpt" and self.finetune == "lora":
             raise ValueError("finetune='lora' is for HF models; the tiny GPT trains every weight (finetune='full')")
         return self
@@ -141,6 +154,12 @@ class LightningRLConfig(BaseModel):
     agents: str | list[str] | None = Field(
         default=None, description="Agents to train (exact name, list, or pattern); None = every call."
     )
+    adapter_per_agent: bool = Field(
+        default=False,
+        description="Give each agent in `agents` (exact names) its own weights on one shared frozen base: agents not "
+        "named are served by the untouched base, so their behaviour cannot change; an agent's calls train only its "
+        "own weights. Agents pick their weights by model name: LLM.model_for(agent).",
+    )
     max_prompt_tokens: int = Field(default=192, ge=1, description="Longer prompts are dropped from training.")
     max_response_tokens: int = Field(default=6, ge=1, description="max_tokens sent with every training request.")
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature of training rollouts.")
@@ -187,7 +206,25 @@ class LightningRLConfig(BaseModel):
             )
         if isinstance(self.agents, list) and not self.agents:
             raise ValueError("agents=[] would train nothing; pass None to train every call, or name the agents")
+        if self.adapter_per_agent and self.backend != "torch":
+            raise ValueError("adapter_per_agent=True is a torch-backend feature; the verl backend trains one policy")
+        if self.adapter_per_agent:
+            names = [self.agents] if isinstance(self.agents, str) else self.agents
+            if not names:
+                raise ValueError("adapter_per_agent=True needs the agents to train by name: agents=['writer', ...]")
+            if any(not re.fullmatch(r"[\w.\- ]+", name) for name in names):
+                raise ValueError(
+                    f"adapter_per_agent=True gives each named agent its own weights, so agents must be exact names "
+                    f"(letters, digits, '_', '-', '.', spaces), not patterns; got {names}"
+                )
         return self
+
+    @property
+    def agent_names(self) -> tuple[str, ...]:
+        """The agents that get weights of their own (``adapter_per_agent``), else ()."""
+        if not self.adapter_per_agent or self.agents is None:
+            return ()
+        return (self.agents,) if isinstance(self.agents, str) else tuple(self.agents)
 
     @property
     def clip_high(self) -> float:

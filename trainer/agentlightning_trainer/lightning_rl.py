@@ -31,7 +31,7 @@ from agentlightning_trainer.batches import (
     run_policy_batch,
     start_proxy,
 )
-from agentlightning_trainer.config import LightningRLConfig
+from agentlightning_trainer.config import LightningRLConfig, PolicySpec
 from agentlightning_trainer.inprocess import as_rng_state, pick_tasks, with_advantages
 from agentlightning_trainer.metrics import MetricsLogger, StepMetrics, group_summary
 from agentlightning_trainer.served_policy import CoHostedProxy, ServedPolicyAlgorithm, store_file
@@ -73,6 +73,9 @@ class LightningRL(ServedPolicyAlgorithm):
         """
         base = config or LightningRLConfig()
         self.config = LightningRLConfig.model_validate({**base.model_dump(), **overrides}) if overrides else base
+        if self.config.adapter_per_agent:  # the served policy carries one set of weights per named agent
+            spec = self.config.policy.model_copy(update={"adapters": self.config.agent_names})
+            self.config = self.config.model_copy(update={"policy": PolicySpec.model_validate(spec.model_dump())})
         if self.config.backend != "torch":
             raise ValueError(
                 f"LightningRL runs the torch backend; for backend {self.config.backend!r} use "
@@ -180,6 +183,8 @@ class LightningRL(ServedPolicyAlgorithm):
                     lag = sum(self.version - (t.policy_version or 0) for t in batch.transitions) / len(
                         batch.transitions
                     )
+                    if step == start_step + 1:
+                        _check_agents_called(cfg.policy.adapters, batch.transitions)
                     extra = await update(batch.transitions)
                 record = StepMetrics(
                     step=step,
@@ -215,7 +220,9 @@ class LightningRL(ServedPolicyAlgorithm):
         """One batch with the current weights: K samples per task when training, one greedy sample when validating."""
         cfg = self.config
         temperature = cfg.temperature if mode == "train" else 0.0
-        llm = policy_llm(proxy.url, cfg.policy.model_name, self.version, temperature, cfg.max_response_tokens)
+        llm = policy_llm(
+            proxy.url, cfg.policy.model_name, self.version, temperature, cfg.max_response_tokens, cfg.policy.adapters
+        )
         return await run_policy_batch(
             store, tasks, proxy, llm, mode=mode, repeat=cfg.samples_per_task if mode == "train" else 1,
             group_prefix=f"{mode}-s{step}", timeout_s=cfg.rollout_timeout_s,
@@ -240,3 +247,17 @@ class LightningRL(ServedPolicyAlgorithm):
         )
         problems = sorted(set(p.split(": ", 1)[-1] for p in report.problems))
         return f"no trainable transitions ({report.summary()}): " + ("; ".join(problems[:3]) or "no problem reported")
+
+
+def _check_agents_called(adapters: Sequence[str], transitions: Sequence[Transition]) -> None:
+    """Stop a per-agent run whose named agent made no call in a whole first step: a misspelt name would otherwise
+    train weights nobody is served with."""
+    seen = {t.agent_name for t in transitions}
+    missing = [a for a in adapters if a not in seen]
+    if missing:
+        names = sorted(n for n in seen if n is not None)
+        raise ValueError(
+            f"adapter_per_agent: agent(s) {missing} made no trainable call in the first step; calls came from "
+            f"{names or 'no named agent'}. Check the names in agents=[...] against your agents' names "
+            "(agl check lists them)"
+        )

@@ -40,6 +40,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from agentlightning.semconv import HEADER_POLICY_VERSION
+from agentlightning_trainer.batches import agent_model_name
 from agentlightning_trainer.config import PolicySpec
 from agentlightning_trainer.tool_calls import (
     GUIDED_CALL_CLOSE,
@@ -52,7 +53,8 @@ from agentlightning_trainer.tool_calls import (
     tool_choice_names,
     validate_tools,
 )
-from agentlightning_trainer.torch_backend.policy import Guide, Policy
+from agentlightning_trainer.torch_backend.guided import Guide
+from agentlightning_trainer.torch_backend.policy import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class _Pending:
     temperature: float
     max_tokens: int
     guide: Guide | None
+    adapter: str | None
     future: asyncio.Future[Any] = field(repr=False)
 
 
@@ -89,11 +92,17 @@ class _Batcher:
         self.batches = 0
 
     async def submit(
-        self, prompt: list[int], temperature: float, max_tokens: int, guide: Guide | None = None
+        self,
+        prompt: list[int],
+        temperature: float,
+        max_tokens: int,
+        guide: Guide | None = None,
+        adapter: str | None = None,
     ) -> tuple[Any, int]:
-        """Queue one completion and wait for it; returns the generation and the policy version that made it."""
+        """Queue one completion (by agent ``adapter``'s weights, or the base) and wait for it; returns the
+        generation and the policy version that made it."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Pending(prompt, temperature, max_tokens, guide, future))
+        await self.queue.put(_Pending(prompt, temperature, max_tokens, guide, adapter, future))
         return await future
 
     async def run(self) -> None:
@@ -119,6 +128,7 @@ class _Batcher:
                         max_new_tokens=[p.max_tokens for p in batch],
                         generator=self.generator,
                         guides=[p.guide for p in batch],
+                        adapters=[p.adapter for p in batch] if self.policy.spec.adapters else None,
                     )
                 except Exception as exc:  # one bad batch must not kill the server; every caller gets the error
                     for p in batch:
@@ -182,9 +192,17 @@ def create_policy_app(
             body["proxy_ready"] = bool(proxy_server.started)
         return JSONResponse(body, headers=headers())
 
+    # Per-agent weights are served under their own model names; the plain name is the frozen base.
+    served_models: dict[str, str | None] = {model_name: None} | {
+        agent_model_name(model_name, agent): agent for agent in policy.spec.adapters
+    }
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        data = [{"id": model_name, "object": "model", "owned_by": "agentlightning", "policy_version": batcher.version}]
+        data = [
+            {"id": name, "object": "model", "owned_by": "agentlightning", "policy_version": batcher.version}
+            for name in served_models
+        ]
         return JSONResponse({"object": "list", "data": data}, headers=headers())
 
     @app.post("/admin/weights")
@@ -218,6 +236,17 @@ def create_policy_app(
         parallel_calls = body.get("parallel_tool_calls")
         if parallel_calls is not None and not isinstance(parallel_calls, bool):
             return _error(400, f"parallel_tool_calls must be true or false, not {parallel_calls!r}", "invalid_tools")
+        requested = body.get("model")
+        adapter: str | None = None
+        if policy.spec.adapters:
+            if requested not in served_models:
+                return _error(
+                    404,
+                    f"model {requested!r} is not served here; models: {', '.join(served_models)} (an agent with "
+                    f"weights of its own sends LLM.model_for(agent))",
+                    "model_not_found",
+                )
+            adapter = served_models[str(requested)]
         try:
             prompt = policy.tokenizer.encode_chat(body["messages"], tools)
         except ValueError as exc:
@@ -248,7 +277,9 @@ def create_policy_app(
                 f"prompt of {len(prompt)} tokens does not fit the model's context of {policy.max_seq_len}",
                 "context_length_exceeded",
             )
-        results = await asyncio.gather(*(batcher.submit(prompt, temperature, max_tokens, guide) for _ in range(n)))
+        results = await asyncio.gather(
+            *(batcher.submit(prompt, temperature, max_tokens, guide, adapter) for _ in range(n))
+        )
         version = results[0][1]
         want_ids = bool(body.get("return_token_ids"))
         want_logprobs = bool(body.get("logprobs"))
@@ -292,7 +323,9 @@ def create_policy_app(
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": model_name,
+            # The served model's own name: the proxy records it (gen_ai.response.model), so a span says whose
+            # weights answered (with the version header, which version).
+            "model": model_name if adapter is None else agent_model_name(model_name, adapter),
             "choices": choices,
             "usage": {
                 "prompt_tokens": len(prompt),

@@ -24,6 +24,15 @@ class LLM(BaseModel):
         default=False,
         description="True when base_url is an Agent Lightning LLM proxy root; calls are then routed per rollout.",
     )
+    agent_models: dict[str, str] = Field(
+        default_factory=dict[str, str],
+        description="Model names of the agents that have weights of their own (per-agent training); every other "
+        "agent uses `model`. Read it through model_for(agent).",
+    )
+
+    def model_for(self, agent: str) -> str:
+        """The model name agent ``agent`` should send: its own weights' when it has them, else ``model``."""
+        return self.agent_models.get(agent, self.model)
 
     def base_url_for(self, rollout_id: str | None, attempt_id: str | None) -> str:
         """The base URL an agent should use inside the given attempt (per-rollout path when proxied)."""

@@ -161,6 +161,14 @@ class HFCausalLM(nn.Module):
         hidden = torch.cat([first_hidden, replies.hidden_states[-1][:, :-1]], dim=1)
         return logits, self.value_head(hidden.float()).squeeze(-1)
 
+    def use_adapter(self, name: str) -> None:
+        """Make agent ``name``'s adapter the active one; every adapter stays trainable (peft's set_adapter freezes
+        the others, but an update may accumulate gradients for several agents before its optimizer step)."""
+        self.lm.set_adapter(name)
+        for param_name, param in self.lm.named_parameters():
+            if "lora_" in param_name:
+                param.requires_grad_(True)
+
     @contextmanager
     def base_weights(self) -> Iterator[None]:
         """Run the frozen base model (LoRA adapters bypassed): the KL reference of a LoRA run, with no copy."""
@@ -226,10 +234,13 @@ def load_hf(spec: PolicySpec, *, seed: int = 0) -> tuple[HFCausalLM, HFChatToken
         torch.manual_seed(seed)  # the LoRA and value-head initialisation, as the tiny GPT's, follow the seed
         if lora:
             peft, config = _lora_config(spec, model)
+            names = spec.adapters or ("default",)
             with warnings.catch_warnings():
                 # peft <= 0.21 reads transformers 5's deprecated `is_gradient_checkpointing`; nothing for a user to do.
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-                model = peft.get_peft_model(model, config)
+                model = peft.get_peft_model(model, config, adapter_name=names[0])
+            for name in names[1:]:  # one adapter per agent on the one base; each starts as the identity (B = 0)
+                model.add_adapter(name, config)
         module = HFCausalLM(model, lora=lora)
     max_len = int(getattr(model.config, "max_position_embeddings", 2048))
     module.eval()

@@ -54,6 +54,11 @@ class TorchLearner:
                 reasons.append(f"{t.rollout_id}/{t.span_id}: longer than the policy's max_seq_len")
             elif self.config.algorithm == "grpo" and t.advantage is None:
                 reasons.append(f"{t.rollout_id}/{t.span_id}: no advantage (run grpo_advantages first)")
+            elif self.policy.spec.adapters and t.agent_name not in self.policy.spec.adapters:
+                reasons.append(
+                    f"{t.rollout_id}/{t.span_id}: a call of agent {t.agent_name!r}, which has no weights of its own "
+                    f"(per-agent weights: {list(self.policy.spec.adapters)})"
+                )
             else:
                 keep.append(t)
         return keep, reasons
@@ -68,11 +73,12 @@ class TorchLearner:
         responses = [t.response_token_ids for t in batch]
         rollout_ids = {rid: i for i, rid in enumerate(dict.fromkeys(t.rollout_id for t in batch))}
         device = self.policy.device
+        adapters = [self._adapter_of(t) for t in batch]
         rollout_index = torch.tensor([rollout_ids[t.rollout_id] for t in batch], device=device)
         # Old and reference logprobs are scored in eval mode; the base model's dropout is off in any mode.
         self.policy.module.eval()
         with torch.no_grad():
-            old_lp, old_values, mask = self._behaviour_scores(batch)
+            old_lp, old_values, mask = self._behaviour_scores(batch, adapters)
             for i, t in enumerate(batch):
                 # The serving engine's logprobs are the behaviour policy's; they make the ratio correct under lag.
                 if t.response_logprobs is not None and len(t.response_logprobs) == len(t.response_token_ids):
@@ -104,6 +110,7 @@ class TorchLearner:
                 # The step's tensors are as wide as its longest reply; the policy scores only this mini-batch's.
                 width = max(len(r) for r in chosen)
                 self._step(
+                    [adapters[i] for i in idx.tolist()],
                     [prompts[i] for i in idx.tolist()],
                     chosen,
                     old_lp[idx, :width],
@@ -120,7 +127,35 @@ class TorchLearner:
         out["dropped_transitions"] = float(len(reasons))
         return out
 
-    def _behaviour_scores(self, batch: list[Transition]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _adapter_of(self, transition: Transition) -> str | None:
+        """Whose weights made (and train on) a call: its agent's, for a policy with per-agent weights."""
+        return transition.agent_name if self.policy.spec.adapters else None
+
+    def _scores(
+        self, adapters: list[str | None], prompts: list[list[int]], responses: list[list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``response_scores`` of rows that may belong to different agents' weights (one pass per agent)."""
+        if len(set(adapters)) <= 1:
+            return self.policy.response_scores(
+                prompts, responses, temperature=self.config.temperature, adapter=adapters[0] if adapters else None
+            )
+        r_max = max(len(r) for r in responses)
+        device = self.policy.device
+        out = [torch.zeros((len(prompts), r_max), device=device) for _ in range(3)]
+        for adapter in dict.fromkeys(adapters):
+            rows = [i for i, a in enumerate(adapters) if a == adapter]
+            parts = self.policy.response_scores(
+                [prompts[i] for i in rows], [responses[i] for i in rows], temperature=self.config.temperature,
+                adapter=adapter,
+            )  # fmt: skip
+            index = torch.tensor(rows, device=device)
+            for full, part in zip(out, parts, strict=True):
+                full[index, : part.shape[1]] = part
+        return out[0], out[1], out[2]
+
+    def _behaviour_scores(
+        self, batch: list[Transition], adapters: list[str | None]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Old logprobs, values and response mask; skips a forward pass when the sampler's logprobs suffice."""
         responses = [t.response_token_ids for t in batch]
         have_logprobs = all(
@@ -132,12 +167,11 @@ class TorchLearner:
             for i, r in enumerate(responses):
                 mask[i, : len(r)] = 1.0
             return torch.zeros_like(mask), torch.zeros_like(mask), mask
-        return self.policy.response_scores(
-            [t.prompt_token_ids for t in batch], responses, temperature=self.config.temperature
-        )
+        return self._scores(adapters, [t.prompt_token_ids for t in batch], responses)
 
     def _step(
         self,
+        adapters: list[str | None],
         prompts: list[list[int]],
         responses: list[list[int]],
         old_lp: torch.Tensor,
@@ -153,16 +187,23 @@ class TorchLearner:
         micro = cfg.micro_batch_size or len(prompts)
         totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "value_loss": 0.0, "clipped": 0.0}
         self.optimizer.zero_grad(set_to_none=True)
-        for start in range(0, len(prompts), micro):
-            rows = slice(start, start + micro)
-            chosen = responses[rows]
+        # Micro-batches never mix agents' weights: each is scored under its one agent's adapter (or the policy).
+        by_agent: dict[str | None, list[int]] = {}
+        for i, adapter in enumerate(adapters):
+            by_agent.setdefault(adapter, []).append(i)
+        chunks = [(a, rows[j : j + micro]) for a, rows in by_agent.items() for j in range(0, len(rows), micro)]
+        for adapter, chunk in chunks:
+            rows = torch.tensor(chunk, device=mask.device)
+            chosen = [responses[i] for i in chunk]
             width = max(len(r) for r in chosen)  # each micro-batch is scored only as wide as its longest reply
             m, w = mask[rows, :width], weights[rows]
 
             def weighted(x: torch.Tensor, m: torch.Tensor = m, w: torch.Tensor = w) -> torch.Tensor:
                 return ((x * m).sum(dim=1) * w).sum()
 
-            logprobs, values, _ = self.policy.response_scores(prompts[rows], chosen, temperature=cfg.temperature)
+            logprobs, values, _ = self.policy.response_scores(
+                [prompts[i] for i in chunk], chosen, temperature=cfg.temperature, adapter=adapter
+            )
             per_token, clipped = clipped_policy_loss(
                 logprobs, old_lp[rows, :width], advantages[rows, :width], cfg.clip_ratio, cfg.clip_high
             )

@@ -8,6 +8,7 @@ temperature), and the learner scores at the same temperature, so a temperature o
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from agentlightning_trainer.config import PolicySpec
+from agentlightning_trainer.torch_backend.guided import END, Guide, JsonDepth
 from agentlightning_trainer.torch_backend.model import TinyGPT, TinyGPTConfig
 from agentlightning_trainer.torch_backend.tokenizer import WordCharTokenizer
 
@@ -53,76 +55,7 @@ class Generation:
     """A :class:`Guide` with ``close_json`` stopped the reply where its JSON object closed."""
 
 
-@dataclass(frozen=True)
-class Guide:
-    """Guided decoding of one reply: its first tokens spell one of ``choices`` (token sequences, none a prefix of
-    another), sampled among those only; after that the model writes freely until EOS, ``stop_text`` or the budget,
-    or, with ``close_json`` (the choices end inside a JSON object, as a tool call's ``"arguments": {``), until that
-    object closes. A choice listed in ``complete`` ends the reply where it ends (a call whose arguments are fixed).
-
-    Recorded logprobs stay the model's own (unrestricted) ones, which the learner recomputes, as with vLLM's guided
-    decoding under verl; a token with a single allowed continuation is forced.
-    """
-
-    choices: tuple[tuple[int, ...], ...]
-    stop_text: str | None = None
-    close_json: bool = False
-    complete: frozenset[int] = frozenset()
-    """Indices of the choices that are whole replies."""
-
-    def __post_init__(self) -> None:
-        """Reject choices a trie cannot tell apart."""
-        if not self.choices or any(not c for c in self.choices):
-            raise ValueError("a Guide needs at least one non-empty token sequence")
-        for a in self.choices:
-            for c in self.choices:
-                if a is not c and len(a) <= len(c) and c[: len(a)] == a:
-                    raise ValueError(f"guide choice {list(a)} is a prefix of {list(c)}; end each with a delimiter")
-
-    def trie(self) -> dict[int, Any]:
-        """The choices as nested dicts token id -> subtree; a leaf is an empty dict, or ``{_END: True}`` for a
-        choice that is a whole reply."""
-        root: dict[int, Any] = {}
-        for index, choice in enumerate(self.choices):
-            node = root
-            for token in choice:
-                node = node.setdefault(token, {})
-            if index in self.complete:
-                node[_END] = True
-        return root
-
-
-_END = -1  # a trie key no token id takes: the choice ending here is the whole reply
-
-
-class _JsonDepth:
-    """Tracks the brace depth of JSON text fed piece by piece, from inside one object; says when it closes."""
-
-    def __init__(self) -> None:
-        """Start one object deep, outside any string."""
-        self.depth = 1
-        self.in_string = False
-        self.escaped = False
-
-    def feed(self, text: str) -> bool:
-        """Consume ``text``; True once the object that was open at the start has closed."""
-        for ch in text:
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif ch == "\\":
-                    self.escaped = True
-                elif ch == '"':
-                    self.in_string = False
-            elif ch == '"':
-                self.in_string = True
-            elif ch in "{[":
-                self.depth += 1
-            elif ch in "}]":
-                self.depth -= 1
-                if self.depth == 0:
-                    return True
-        return False
+_BASE = "base"  # the frozen base's prefix in the published state of per-agent copies
 
 
 def _reply_token_ids(tokenizer: WordCharTokenizer, words: Sequence[str]) -> tuple[int, ...]:
@@ -157,6 +90,13 @@ class Policy:
         self.max_seq_len = max_seq_len
         self.device = device or torch.device("cpu")
         self.stop_ids: frozenset[int] = frozenset(getattr(tokenizer, "stop_ids", (tokenizer.eos_id,)))
+        # Per-agent weights of a fully trained model (the tiny GPT): a copy per agent; `module` stays the frozen
+        # base. A LoRA model keeps its per-agent adapters inside `module` instead.
+        self.agent_modules: dict[str, nn.Module] = {}
+        if spec.adapters and not spec.uses_lora:
+            for agent in spec.adapters:
+                self.agent_modules[agent] = copy.deepcopy(module)
+            module.requires_grad_(False)
 
     @classmethod
     def build(cls, spec: PolicySpec, *, seed: int = 0) -> Policy:
@@ -186,37 +126,90 @@ class Policy:
         return cls(spec, module, tokenizer, spec.max_seq_len, device)
 
     # --- what is trained and published ----------------------------------------------------------------------------
+    def _trainable_named(self) -> list[tuple[str, nn.Parameter]]:
+        if self.agent_modules:
+            return [(f"{a}.{n}", p) for a, m in self.agent_modules.items() for n, p in m.named_parameters()]
+        if self.spec.uses_lora:  # by name: peft's set_adapter toggles requires_grad of the inactive adapters
+            return [(n, p) for n, p in self.module.named_parameters() if "lora_" in n or n.startswith("value_head")]
+        return [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+
+    def _published_named(self) -> list[tuple[str, nn.Parameter]]:
+        """What a new version carries: the trainable tensors, plus the frozen base of per-agent copies (a small
+        model whose base may come from initial weights the server never saw)."""
+        if self.agent_modules:
+            base = [(f"{_BASE}.{n}", p) for n, p in self.module.named_parameters()]
+            return base + self._trainable_named()
+        return self._trainable_named()
+
     def trainable_parameters(self) -> list[nn.Parameter]:
-        """The parameters an update changes: LoRA adapters (+ value head) for a LoRA policy, else every weight."""
-        return [p for p in self.module.parameters() if p.requires_grad]
+        """The parameters an update changes: LoRA adapters (+ value head) for a LoRA policy, each agent's copy with
+        per-agent weights, else every weight."""
+        return [p for _, p in self._trainable_named()]
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """What a new policy version consists of: only the trainable tensors for LoRA (the base never changes)."""
-        if not self.spec.uses_lora:
-            return {k: v.detach().cpu() for k, v in self.module.state_dict().items()}
-        return {name: p.detach().cpu() for name, p in self.module.named_parameters() if p.requires_grad}
+        """What a new policy version consists of: only the trainable tensors for LoRA and per-agent weights (the
+        base never changes), else the whole state dict."""
+        # A snapshot: on the CPU .cpu() would alias the live parameters, which the next update changes.
+        if not self.spec.uses_lora and not self.agent_modules:
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+        return {name: p.detach().to("cpu", copy=True) for name, p in self._published_named()}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        """Load what :meth:`trainable_state_dict` returned (a LoRA policy takes adapters only; nothing else moves)."""
-        if not self.spec.uses_lora:
+        """Load what :meth:`trainable_state_dict` returned (adapters and per-agent weights only; nothing else)."""
+        if not self.spec.uses_lora and not self.agent_modules:
             self.module.load_state_dict(state)
             return
-        expected = {name for name, p in self.module.named_parameters() if p.requires_grad}
-        if set(state) != expected:
-            missing, unknown = sorted(expected - set(state))[:3], sorted(set(state) - expected)[:3]
+        params = dict(self._published_named())
+        if self.agent_modules and set(state) == set(self.module.state_dict()):
+            # A plain state dict of the model (initial weights, e.g. SFT's): the base and every agent start there.
+            for module in (self.module, *self.agent_modules.values()):
+                module.load_state_dict(state)
+            return
+        if set(state) != set(params):
+            missing, unknown = sorted(set(params) - set(state))[:3], sorted(set(state) - set(params))[:3]
             raise ValueError(
-                f"adapter weights do not fit this LoRA policy (missing {missing}, unknown {unknown}); were they "
-                "trained with the same PolicySpec (lora_rank, lora_target_modules)?"
+                f"weights do not fit this policy (missing {missing}, unknown {unknown}); were they trained with the "
+                "same PolicySpec (adapters, lora_rank, lora_target_modules)?"
             )
         with torch.no_grad():
-            params = dict(self.module.named_parameters())
             for name, value in state.items():
                 params[name].copy_(value.to(params[name].device, params[name].dtype))
 
     @contextmanager
+    def serving(self, adapter: str | None) -> Iterator[None]:
+        """Run as agent ``adapter``'s weights, or as the frozen base (None) when the policy has per-agent weights;
+        a policy without them is always itself (``adapter`` must then be None)."""
+        if not self.spec.adapters:
+            if adapter is not None:
+                raise ValueError(f"this policy has no per-agent weights; got adapter {adapter!r}")
+            yield
+            return
+        if adapter is not None and adapter not in self.spec.adapters:
+            raise ValueError(f"no weights for agent {adapter!r}; the policy has {list(self.spec.adapters)}")
+        if self.spec.uses_lora:
+            module: Any = self.module
+            if adapter is None:
+                with module.base_weights():
+                    yield
+            else:
+                module.use_adapter(adapter)
+                yield
+            return
+        base = self.module
+        self.module = base if adapter is None else self.agent_modules[adapter]
+        try:
+            yield
+        finally:
+            self.module = base
+
+    @contextmanager
     def reference_weights(self) -> Iterator[bool]:
-        """Score with the frozen initial model when the policy has one built in (LoRA: adapters off); yields
-        whether it did, so that a caller without one keeps its own frozen copy."""
+        """Score with the frozen initial model when the policy has one built in (LoRA: adapters off; per-agent
+        copies: the base); yields whether it did, so that a caller without one keeps its own frozen copy."""
+        if self.spec.adapters:
+            with self.serving(None):
+                yield True
+            return
         base = getattr(self.module, "base_weights", None)
         if self.spec.uses_lora and base is not None:
             with base():
@@ -239,11 +232,13 @@ class Policy:
         max_new_tokens: Sequence[int],
         generator: torch.Generator | None = None,
         guides: Sequence[Guide | None] | None = None,
+        adapters: Sequence[str | None] | None = None,
     ) -> list[Generation]:
         """Sample one completion per prompt in one batch with a KV cache; temperature 0 is greedy.
 
         Logprobs are of the sampled distribution (logits / temperature; greedy rows at temperature 1). ``guides``:
-        one optional :class:`Guide` per prompt.
+        one optional :class:`Guide` per prompt; ``adapters``: the agent whose weights answer each prompt (None =
+        the frozen base), for a policy with per-agent weights.
         """
         if not prompts:
             return []
@@ -251,12 +246,27 @@ class Policy:
             raise ValueError("generate needs one temperature and one max_new_tokens per prompt")
         if guides is not None and len(guides) != len(prompts):
             raise ValueError("generate needs one guide (or None) per prompt")
-        was_training = self.module.training
-        self.module.eval()
-        try:
-            return self._generate(prompts, temperatures, max_new_tokens, generator, guides)
-        finally:
-            self.module.train(was_training)
+        rows_of: dict[str | None, list[int]] = {}
+        for i, adapter in enumerate(adapters or [None] * len(prompts)):
+            rows_of.setdefault(adapter, []).append(i)
+        out: list[Generation | None] = [None] * len(prompts)
+        for adapter, rows in rows_of.items():  # one batch per agent's weights
+            with self.serving(adapter):
+                was_training = self.module.training
+                self.module.eval()
+                try:
+                    gens = self._generate(
+                        [prompts[i] for i in rows],
+                        [temperatures[i] for i in rows],
+                        [max_new_tokens[i] for i in rows],
+                        generator,
+                        None if guides is None else [guides[i] for i in rows],
+                    )
+                finally:
+                    self.module.train(was_training)
+            for i, g in zip(rows, gens, strict=True):
+                out[i] = g
+        return [g for g in out if g is not None]
 
     def _generate(
         self,
@@ -298,8 +308,8 @@ class Policy:
         nodes: list[dict[int, Any] | None] = [g.trie() if g is not None else None for g in guides or [None] * b]
         stop_texts = [g.stop_text if g is not None else None for g in guides or [None] * b]
         # JSON depth of rows with close_json once their trie is done (their choices leave them one object deep).
-        depth: list[_JsonDepth | None] = [
-            _JsonDepth() if g is not None and g.close_json else None for g in guides or [None] * b
+        depth: list[JsonDepth | None] = [
+            JsonDepth() if g is not None and g.close_json else None for g in guides or [None] * b
         ]
         closed = [False] * b
         past: Any = None
@@ -318,7 +328,7 @@ class Policy:
                 for i, node in enumerate(nodes):
                     if node:
                         allowed[i] = False
-                        allowed[i, [t for t in node if t != _END]] = True
+                        allowed[i, [t for t in node if t != END]] = True
                 choose = logprobs.masked_fill(~allowed, float("-inf"))
             probs = torch.softmax(choose, dim=-1).to(sample_device)
             sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(device)
@@ -335,7 +345,7 @@ class Policy:
                 scanner = depth[i]
                 if node:
                     child = node[token_list[i]]
-                    closed[i] = _END in child
+                    closed[i] = END in child
                     nodes[i] = None if closed[i] else (child or None)
                 elif scanner is not None and scanner.feed(self.tokenizer.decode([token_list[i]])):
                     closed[i] = True
@@ -377,10 +387,21 @@ class Policy:
         return logits[index], past
 
     def response_scores(
-        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], *, temperature: float = 1.0
+        self,
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+        adapter: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Logprobs (at ``temperature``) and values of each response token given its prompt, and the response mask
-        (all ``[B, R]``, on the policy's device)."""
+        (all ``[B, R]``, on the policy's device), under agent ``adapter``'s weights (per-agent policies)."""
+        with self.serving(adapter):
+            return self._response_scores(prompts, responses, temperature)
+
+    def _response_scores(
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], temperature: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b = len(prompts)
         total = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
         if total > self.max_seq_len:
