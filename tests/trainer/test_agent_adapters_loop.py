@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any, TypedDict
 
+import httpx
 import pytest
 
 from agentlightning import semconv as sc
@@ -21,6 +22,11 @@ from agentlightning_trainer.lightning_rl import LightningRL
 
 pytest.importorskip("langgraph")
 pytest.importorskip("langchain_openai")
+
+
+# One HTTP connection pool for every node's model, closed by the test: a ChatOpenAI per call would open clients that
+# nobody closes (and each rollout has its own proxy base URL, so the model objects cannot be reused).
+_HTTP = httpx.Client(timeout=60.0)
 
 
 class _State(TypedDict):
@@ -41,7 +47,7 @@ def planner_solver(task: dict[str, Any], llm: LLM) -> float:
         return ChatOpenAI(
             model=llm.model_for(agent), base_url=llm.base_url, api_key="k",  # pyright: ignore[reportArgumentType]
             temperature=llm.sampling.get("temperature", 1.0), max_completion_tokens=llm.sampling.get("max_tokens", 4),
-            max_retries=0,
+            max_retries=0, http_client=_HTTP,
         )  # fmt: skip
 
     def planner(state: _State) -> dict[str, str]:
@@ -74,7 +80,10 @@ def test_only_the_solver_trains_and_the_planner_is_served_by_the_untouched_base(
         agents=["solver"], adapter_per_agent=True,
     )  # fmt: skip
     algorithm = LightningRL(config, run_dir=tmp_path, show_progress=False)
-    Trainer(algorithm, store=store, n_runners=32).fit(planner_solver, tool_choice.tasks(), tool_choice.tasks())
+    try:
+        Trainer(algorithm, store=store, n_runners=32).fit(planner_solver, tool_choice.tasks(), tool_choice.tasks())
+    finally:
+        _HTTP.close()
     assert algorithm.version == 6 and all(not m.skipped for m in algorithm.history)
     # Only the solver's calls trained: 12 tasks x 16 samples of one solver call each.
     assert all(m.transitions == 192 for m in algorithm.history)

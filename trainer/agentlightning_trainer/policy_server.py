@@ -1,4 +1,10 @@
-"""The policy server: serves the current weights over the OpenAI chat completions API, in its own process.
+"""The policy server: serves the current weights over the OpenAI chat completions and Responses APIs, in its own
+process.
+
+Tools: a request with ``tools`` is rendered through the model's chat template (or one Hermes-style block) and
+replies holding ``<tool_call>`` blocks come back as OpenAI tool calls (``tool_calls.py``); ``tool_choice="required"``
+or a named function is enforced by guided decoding. Per-agent weights: with ``PolicySpec.adapters`` agent A is served
+as model ``<model_name>@A`` and the plain name is the frozen base; the answer's ``model`` says which served it.
 
 It answers like vLLM >= 0.10.2 (see docs/architecture.md, "Token ids on the wire"): with ``return_token_ids`` the
 response carries ``prompt_token_ids`` and ``choices[i].token_ids``; with ``logprobs`` OpenAI-shaped logprobs; every
@@ -42,6 +48,7 @@ from pydantic import BaseModel, Field
 from agentlightning.semconv import HEADER_POLICY_VERSION
 from agentlightning_trainer.batches import agent_model_name
 from agentlightning_trainer.config import PolicySpec
+from agentlightning_trainer.responses_api import chat_choice_to_response, chat_request_of, response_stream
 from agentlightning_trainer.tool_calls import (
     GUIDED_CALL_CLOSE,
     GUIDED_CALL_OPEN,
@@ -213,14 +220,9 @@ def create_policy_app(
             return _error(400, f"weights file {update.path} does not exist on the policy server", "no_weights")
         return JSONResponse({"policy_version": batcher.version}, headers=headers())
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            return _error(400, "request body is not JSON", "invalid_json")
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
-            return _error(400, "chat completions need a non-empty 'messages' list", "invalid_messages")
+    async def complete_chat(body: dict[str, Any]) -> Response | tuple[dict[str, Any], int]:
+        """Generate the chat completion a request (with non-empty messages) asks for, and the version that made it;
+        an error response for a request it cannot serve. Both the chat and the Responses API routes answer with it."""
         tools: list[dict[str, Any]] | None = None
         if body.get("tools") is not None:
             try:
@@ -335,10 +337,45 @@ def create_policy_app(
         }
         if want_ids:
             completion["prompt_token_ids"] = prompt
+        return completion, version
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "request body is not JSON", "invalid_json")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
+            return _error(400, "chat completions need a non-empty 'messages' list", "invalid_messages")
+        result = await complete_chat(body)
+        if isinstance(result, Response):
+            return result
+        completion, version = result
         out_headers = {HEADER_POLICY_VERSION: str(version)}
         if body.get("stream"):
             return StreamingResponse(_as_stream(completion), media_type="text/event-stream", headers=out_headers)
         return JSONResponse(completion, headers=out_headers)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        """The Responses API (the OpenAI Agents SDK's default), generated as the chat request it amounts to."""
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "request body is not JSON", "invalid_json")
+        try:
+            chat_request = chat_request_of(body)
+        except ValueError as exc:
+            return _error(400, str(exc), "invalid_request")
+        result = await complete_chat(chat_request)
+        if isinstance(result, Response):
+            return result
+        completion, version = result
+        answer = chat_choice_to_response(completion, body, chat_request.get("tools"))
+        out_headers = {HEADER_POLICY_VERSION: str(version)}
+        if body.get("stream"):
+            return StreamingResponse(response_stream(answer), media_type="text/event-stream", headers=out_headers)
+        return JSONResponse(answer, headers=out_headers)
 
     return app
 
