@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +64,67 @@ def llama_dir(tmp_path: Path) -> Path:
     transformers.LlamaForCausalLM(config).save_pretrained(path)
     save_word_tokenizer(path)
     return path
+
+
+def build_bpe_llama(path: Path, corpus: Sequence[str]) -> Path:
+    """A random 2-layer Llama with a byte-level BPE tokenizer trained on ``corpus`` (x20), saved at ``path``:
+    tool calls are ordinary multi-token text for it, as they are for SmolLM2."""
+    transformers: Any = pytest.importorskip("transformers")
+    tokenizers: Any = pytest.importorskip("tokenizers")
+    backend = tokenizers.Tokenizer(tokenizers.models.BPE())
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<eos>"],
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(list(corpus) * 20, trainer)
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>")
+    tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
+    tokenizer.save_pretrained(path)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=0, eos_token_id=1, bos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@contextlib.contextmanager
+def serve_policy(policy: Any) -> Iterator[str]:
+    """The policy server of ``policy`` on a loopback port (uvicorn on a thread, lifespan on); yields its OpenAI
+    base URL."""
+    import uvicorn
+
+    from agentlightning_trainer.policy_server import create_policy_app
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(create_policy_app(policy), log_level="warning", access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive(), "the policy server did not start; see the log above"
+            time.sleep(0.005)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def claimed_attempt(store: Any) -> tuple[str, str]:
+    """Enqueue and claim one rollout of ``store``; its (rollout id, attempt id), for calls through the LLM proxy."""
+    import asyncio
+
+    async def attempt() -> tuple[str, str]:
+        await store.enqueue_rollout({"task": "add"})
+        claimed = await store.claim_rollout("worker")
+        assert claimed is not None
+        return claimed.rollout.rollout_id, claimed.attempt.attempt_id
+
+    return asyncio.run(attempt())

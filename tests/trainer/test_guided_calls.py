@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
-import torch
-import uvicorn
 
 from agentlightning_trainer.config import PolicySpec
-from agentlightning_trainer.policy_server import create_policy_app
 from agentlightning_trainer.tool_calls import GUIDED_CALL_OPEN, GUIDED_NAME_END
 from agentlightning_trainer.torch_backend.guided import Guide, JsonDepth
 from agentlightning_trainer.torch_backend.policy import Policy
+from tests.trainer.conftest import build_bpe_llama, serve_policy
 
 transformers: Any = pytest.importorskip("transformers")
 tokenizers: Any = pytest.importorskip("tokenizers")
@@ -50,27 +45,9 @@ TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfo
 @pytest.fixture(scope="module")
 def bpe_llama(tmp_path_factory: pytest.TempPathFactory) -> Policy:
     """A random 2-layer Llama whose byte-level BPE tokenizer splits tool names into several tokens."""
-    path = tmp_path_factory.mktemp("bpe-llama")
-    backend = tokenizers.Tokenizer(tokenizers.models.BPE())
-    backend.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = tokenizers.decoders.ByteLevel()
     # "cal" is learnt as a token but not the whole names, so calculator and calendar share their first token.
-    corpus = [GUIDED_CALL_OPEN, "cal culator endar search add", '", "arguments": {}}', "what is 2 plus 2"] * 20
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<pad>", "<eos>"],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-    )
-    backend.train_from_iterator(corpus, trainer)
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>")
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(path)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=0, eos_token_id=1, bos_token_id=None,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    corpus = [GUIDED_CALL_OPEN, "cal culator endar search add", '", "arguments": {}}', "what is 2 plus 2"]
+    path = build_bpe_llama(tmp_path_factory.mktemp("bpe-llama"), corpus)
     return Policy.build(PolicySpec(kind="hf", hf_model=str(path), model_name="bpe-llama"))
 
 
@@ -100,20 +77,8 @@ def test_guided_generation_spells_one_choice_and_stops_where_a_whole_choice_ends
 
 @contextlib.contextmanager
 def _serve(policy: Policy) -> Iterator[openai.OpenAI]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_policy_app(policy), log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            assert thread.is_alive(), "the policy server did not start"
-            time.sleep(0.005)
-        yield openai.OpenAI(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}/v1", api_key="x", max_retries=0)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with serve_policy(policy) as url, openai.OpenAI(base_url=url, api_key="x", max_retries=0) as client:
+        yield client
 
 
 def test_required_tool_choice_always_returns_a_call_with_the_sampled_ids(bpe_llama: Policy) -> None:

@@ -4,26 +4,19 @@ and the OpenAI Agents SDK running a tool-calling agent on it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
-import torch
-import uvicorn
 
 from agentlightning import semconv as sc
 from agentlightning.proxy import ProxyServer
 from agentlightning.semconv import HEADER_POLICY_VERSION
 from agentlightning.store.memory import InMemoryLightningStore
 from agentlightning_trainer.config import PolicySpec
-from agentlightning_trainer.policy_server import create_policy_app
 from agentlightning_trainer.responses_api import (
     chat_choice_to_response,
     chat_request_of,
@@ -32,6 +25,7 @@ from agentlightning_trainer.responses_api import (
 )
 from agentlightning_trainer.tool_calls import GUIDED_NAME_END, format_tool_call, validate_tools
 from agentlightning_trainer.torch_backend.policy import Policy
+from tests.trainer.conftest import build_bpe_llama, claimed_attempt, serve_policy
 
 ADD_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
 TOOLS: list[Any] = [  # the Responses API's flat shape
@@ -180,26 +174,6 @@ def test_a_cut_reply_is_incomplete_and_a_reply_with_calls_lists_text_then_calls(
 
 
 # --- the policy server ----------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _serve(policy: Policy) -> Iterator[str]:
-    """The policy server on a loopback port (uvicorn on a thread, lifespan on); yields its OpenAI base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(create_policy_app(policy), log_level="warning", access_log=False, lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            assert thread.is_alive(), "the policy server did not start; see the log above"
-            time.sleep(0.005)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-
-
 def _policy(*reply: str, adapters: tuple[str, ...] = ()) -> Policy:
     """A tiny GPT that can say only the ``reply`` words (one token each)."""
     return Policy.build(PolicySpec(words=("add", "search", *reply), reply_words=reply, adapters=adapters), seed=0)
@@ -209,7 +183,7 @@ def _policy(*reply: str, adapters: tuple[str, ...] = ()) -> Policy:
 def call_server() -> Iterator[tuple[Policy, openai.OpenAI]]:
     """A served policy whose every token is the call add(a=2, b=3), and an OpenAI client of it."""
     policy = _policy(CALL)
-    with _serve(policy) as url, openai.OpenAI(base_url=url, api_key="k", max_retries=0) as client:
+    with serve_policy(policy) as url, openai.OpenAI(base_url=url, api_key="k", max_retries=0) as client:
         yield policy, client
 
 
@@ -285,7 +259,7 @@ def test_a_streamed_function_call_comes_as_openai_events(call_server: tuple[Poli
 
 def test_a_text_reply_is_output_text_and_a_cut_one_is_incomplete() -> None:
     policy = _policy("hello", "<|end|>")
-    with _serve(policy) as url, openai.OpenAI(base_url=url, api_key="k", max_retries=0) as client:
+    with serve_policy(policy) as url, openai.OpenAI(base_url=url, api_key="k", max_retries=0) as client:
         # Sampled replies: some stop at once (an empty text is still a message), some say hello first.
         replies = [
             client.responses.create(
@@ -308,7 +282,7 @@ def test_a_text_reply_is_output_text_and_a_cut_one_is_incomplete() -> None:
         assert extra["token_ids"][-1] == policy.tokenizer.eos_id
         assert extra["prompt_token_ids"] == policy.tokenizer.encode_chat(prompt)
 
-    with _serve(_policy("hello")) as url, openai.OpenAI(base_url=url, api_key="k", max_retries=0) as client:
+    with serve_policy(_policy("hello")) as url, openai.OpenAI(base_url=url, api_key="k", max_retries=0) as client:
         cut = client.responses.create(model="tiny-gpt", input="greet", max_output_tokens=2)
         stream = list(client.responses.create(model="tiny-gpt", input="greet", max_output_tokens=2, stream=True))
     assert (cut.status, cut.output_text) == ("incomplete", "hellohello") and cut.incomplete_details is not None
@@ -322,7 +296,7 @@ def test_a_text_reply_is_output_text_and_a_cut_one_is_incomplete() -> None:
 
 def test_agent_model_names_and_bad_requests_are_answered_as_chat_answers_them() -> None:
     policy = _policy(CALL, adapters=("solver",))
-    with _serve(policy) as url, openai.OpenAI(base_url=url, api_key="k", max_retries=0) as client:
+    with serve_policy(policy) as url, openai.OpenAI(base_url=url, api_key="k", max_retries=0) as client:
         own = client.responses.create(model="tiny-gpt@solver", input="add 2 and 3", tools=TOOLS, max_output_tokens=1)
         assert own.model == "tiny-gpt@solver" and own.output[0].type == "function_call"
         with pytest.raises(openai.NotFoundError, match="'gpt-4o' is not served here") as missing:
@@ -344,14 +318,8 @@ def test_the_llm_proxy_records_token_ids_and_calls_of_streamed_and_whole_respons
     store = InMemoryLightningStore()
     policy = _policy(CALL)
 
-    async def attempt() -> tuple[str, str]:
-        await store.enqueue_rollout({"task": "add"})
-        claimed = await store.claim_rollout("worker")
-        assert claimed is not None
-        return claimed.rollout.rollout_id, claimed.attempt.attempt_id
-
-    rollout_id, attempt_id = asyncio.run(attempt())
-    with _serve(policy) as url, ProxyServer(store, url) as proxy:
+    rollout_id, attempt_id = claimed_attempt(store)
+    with serve_policy(policy) as url, ProxyServer(store, url) as proxy:
         with openai.OpenAI(base_url=proxy.url_for(rollout_id, attempt_id), api_key="k", max_retries=0) as client:
             events = list(
                 client.responses.create(
@@ -416,32 +384,14 @@ def test_an_openai_agents_sdk_agent_calls_its_tool_through_the_responses_api(
 # --- guided calls ---------------------------------------------------------------------------------------------------
 def test_required_tool_choice_is_a_guided_call_of_an_allowed_tool(tmp_path: Any) -> None:
     """A random 2-layer Llama with a byte-level BPE tokenizer (calls are many tokens) must still answer with a call."""
-    transformers: Any = pytest.importorskip("transformers")
-    tokenizers: Any = pytest.importorskip("tokenizers")
-    backend = tokenizers.Tokenizer(tokenizers.models.BPE())
-    backend.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = tokenizers.decoders.ByteLevel()
-    trainer = tokenizers.trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<pad>", "<eos>"],
-        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
-    )
-    backend.train_from_iterator(['<tool_call>\n{"name": "', "clock search", GUIDED_NAME_END + "}}"] * 20, trainer)
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>")
-    tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>"
-    tokenizer.save_pretrained(tmp_path)
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=0, eos_token_id=1, bos_token_id=None,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path)
+    corpus = ['<tool_call>\n{"name": "', "clock search", GUIDED_NAME_END + "}}"]
+    build_bpe_llama(tmp_path, corpus)
     policy = Policy.build(PolicySpec(kind="hf", hf_model=str(tmp_path), model_name="bpe-llama"))
     no_args: list[Any] = [
         {"type": "function", "name": name, "parameters": {"type": "object", "properties": {}}}
         for name in ("clock", "search")
     ]
-    with _serve(policy) as url, openai.OpenAI(base_url=url, api_key="k", max_retries=0) as client:
+    with serve_policy(policy) as url, openai.OpenAI(base_url=url, api_key="k", max_retries=0) as client:
         choices: list[tuple[Any, set[str]]] = [
             ("required", {"clock", "search"}),
             ({"type": "function", "name": "search"}, {"search"}),

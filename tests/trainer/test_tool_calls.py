@@ -3,26 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
-import socket
 import string
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
-import uvicorn
 from hypothesis import given, settings, strategies as st
 
 from agentlightning import semconv as sc
 from agentlightning.proxy import ProxyServer
 from agentlightning.store.memory import InMemoryLightningStore
 from agentlightning_trainer.config import PolicySpec
-from agentlightning_trainer.policy_server import create_policy_app
 from agentlightning_trainer.tool_calls import (
     format_tool_call,
     messages_for_plain_template,
@@ -33,6 +27,7 @@ from agentlightning_trainer.tool_calls import (
 )
 from agentlightning_trainer.torch_backend.policy import Policy
 from agentlightning_trainer.torch_backend.tokenizer import WordCharTokenizer
+from tests.trainer.conftest import claimed_attempt, serve_policy
 
 ADD_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
 TOOLS: list[Any] = [
@@ -290,26 +285,6 @@ def test_hf_tokenizer_with_tool_support_hands_tools_to_the_template() -> None:
 
 
 # --- the policy server ----------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _serve(policy: Policy) -> Iterator[str]:
-    """The policy server on a loopback port (uvicorn on a thread, lifespan on); yields its OpenAI base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(create_policy_app(policy), log_level="warning", access_log=False, lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        while not server.started:
-            assert thread.is_alive(), "the policy server did not start; see the log above"
-            time.sleep(0.005)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-
-
 def _policy(reply: str) -> Policy:
     """A tiny GPT that can say only ``reply`` (one token): every sample is that reply, repeated up to max_tokens."""
     return Policy.build(PolicySpec(words=("add", "search", reply), reply_words=(reply,)), seed=0)
@@ -319,7 +294,7 @@ def _policy(reply: str) -> Policy:
 def call_server() -> Iterator[tuple[Policy, openai.OpenAI]]:
     """A served policy whose every token is the call add(a=2, b=3), and an OpenAI client of it."""
     policy = _policy(CALL)
-    with _serve(policy) as url, openai.OpenAI(base_url=url, api_key="k") as client:
+    with serve_policy(policy) as url, openai.OpenAI(base_url=url, api_key="k") as client:
         yield policy, client
 
 
@@ -382,7 +357,7 @@ def test_streamed_tool_calls_come_as_openai_chunks(call_server: tuple[Policy, op
 
 def test_a_malformed_call_is_plain_text_and_bad_tools_are_a_400() -> None:
     bad = '<tool_call>{"name": "add", "arguments": [2, 3]}</tool_call>'
-    with _serve(_policy(bad)) as url, openai.OpenAI(base_url=url, api_key="k") as client:
+    with serve_policy(_policy(bad)) as url, openai.OpenAI(base_url=url, api_key="k") as client:
         completion = client.chat.completions.create(model="tiny-gpt", messages=MESSAGES, tools=TOOLS, max_tokens=1)
         assert completion.choices[0].message.content == bad and not completion.choices[0].message.tool_calls
         assert completion.choices[0].finish_reason == "length"
@@ -404,14 +379,8 @@ def test_the_llm_proxy_records_tool_calls_of_streamed_and_whole_answers() -> Non
     store = InMemoryLightningStore()
     policy = _policy(CALL)
 
-    async def attempt() -> tuple[str, str]:
-        await store.enqueue_rollout({"task": "add"})
-        claimed = await store.claim_rollout("worker")
-        assert claimed is not None
-        return claimed.rollout.rollout_id, claimed.attempt.attempt_id
-
-    rollout_id, attempt_id = asyncio.run(attempt())
-    with _serve(policy) as url, ProxyServer(store, url) as proxy:
+    rollout_id, attempt_id = claimed_attempt(store)
+    with serve_policy(policy) as url, ProxyServer(store, url) as proxy:
         with openai.OpenAI(base_url=proxy.url_for(rollout_id, attempt_id), api_key="k") as client:
             streamed = client.chat.completions.create(
                 model="tiny-gpt", messages=MESSAGES, tools=TOOLS, max_tokens=1, stream=True
