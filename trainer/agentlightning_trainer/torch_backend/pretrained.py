@@ -10,6 +10,7 @@ once and the result is saved as an ordinary HF folder in the cache directory, wh
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -53,10 +54,22 @@ def resolve_model_path(name: str, cache_dir: Path | None = None) -> str:
     if not is_builtin(name):
         return name
     target = (cache_dir or default_cache_dir()) / "models" / _SMOLLM2_FOLDER
-    if (target / "config.json").exists():
-        return str(target)
-    _convert_gguf(smollm2_gguf(), target)
+    if not (target / "config.json").exists():
+        _convert_gguf(smollm2_gguf(), target)
+    _drop_gguf_quantization(target / "config.json")
     return str(target)
+
+
+def _drop_gguf_quantization(config_file: Path) -> None:
+    """Remove the ``quantization_config`` a GGUF load leaves in the config: the saved weights are plain float32, and
+    other loaders (TRL, vLLM) would look for the GGUF file it names. Rewritten atomically, once."""
+    config = json.loads(config_file.read_text())
+    if "quantization_config" not in config:
+        return
+    del config["quantization_config"]
+    tmp = config_file.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(config, indent=2))
+    tmp.replace(config_file)
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:
