@@ -168,7 +168,9 @@ def test_gradient_checkpointing_gives_the_same_update(llama_dir: Path) -> None:
 
 def test_bad_hf_models_fail_before_any_work(tmp_path: Path, llama_dir: Path) -> None:
     with pytest.raises(ValueError, match="not a HF model folder"):
-        PolicySpec(kind="hf", hf_model=str(tmp_path / "missing"))
+        LightningRLConfig(policy=PolicySpec(kind="hf", hf_model=str(tmp_path / "missing")))
+    with pytest.raises(ValueError, match="cannot load HF model"):  # a Policy built from a bare spec says so too
+        Policy.build(PolicySpec(kind="hf", hf_model=str(tmp_path / "missing")))
     with pytest.raises(ValueError, match="needs hf_model"):
         PolicySpec(kind="hf")
     with pytest.raises(ValueError, match="finetune='lora' is for HF models"):

@@ -79,21 +79,8 @@ class PolicySpec(BaseModel):
             raise ValueError("reply_words restricts the tiny GPT's replies; a Hugging Face model ('hf') takes none")
         if self.reply_words is not None and not self.reply_words:
             raise ValueError("reply_words=() would leave the tiny GPT nothing to say; pass None for no restriction")
-        if self.kind == "hf":
-            if not self.hf_model:
-                raise ValueError("policy kind 'hf' needs hf_model: a local HF folder, a hub id, or 'smollm2'")
-            from agentlightning_trainer.torch_backend.pretrained import is_builtin
-
-            looks_local = self.hf_model.startswith((".", "/", "~")) or Path(self.hf_model).exists()
-            if (
-                not is_builtin(self.hf_model)
-                and looks_local
-                and not (Path(self.hf_model).expanduser() / "config.json").exists()
-            ):
-                raise ValueError(
-                    f"hf_model {self.hf_model!r} is not a HF model folder (no config.json there); give the folder "
-                    "save_pretrained wrote, a hub id, or 'smollm2'"
-                )
+        if self.kind == "hf" and not self.hf_model:
+            raise ValueError("policy kind 'hf' needs hf_model: a local HF folder, a hub id, or 'smollm2'")
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"policy device {self.device!r} is not 'auto', 'cpu', 'cuda' or 'cuda:N'")
         if len(set(self.adapters)) != len(self.adapters) or any(
@@ -105,6 +92,21 @@ class PolicySpec(BaseModel):
         if self.kind == "tiny_gpt" and self.finetune == "lora":
             raise ValueError("finetune='lora' is for HF models; the tiny GPT trains every weight (finetune='full')")
         return self
+
+    def check_local_model(self) -> None:
+        """Fail now, with the fix, when ``hf_model`` names a local folder that holds no HF model (the torch backend
+        loads it on this machine; verl loads it on its GPU nodes, so its configs are not checked here)."""
+        if self.kind != "hf" or not self.hf_model:
+            return
+        from agentlightning_trainer.torch_backend.pretrained import is_builtin
+
+        path = Path(self.hf_model).expanduser()
+        looks_local = self.hf_model.startswith((".", "/", "~")) or path.exists()
+        if not is_builtin(self.hf_model) and looks_local and not (path / "config.json").exists():
+            raise ValueError(
+                f"hf_model {self.hf_model!r} is not a HF model folder (no config.json there); give the folder "
+                "save_pretrained wrote, a hub id, or 'smollm2'"
+            )
 
     @property
     def uses_lora(self) -> bool:
@@ -206,6 +208,8 @@ class LightningRLConfig(BaseModel):
             )
         if isinstance(self.agents, list) and not self.agents:
             raise ValueError("agents=[] would train nothing; pass None to train every call, or name the agents")
+        if self.backend == "torch":
+            self.policy.check_local_model()
         if self.adapter_per_agent and self.backend != "torch":
             raise ValueError("adapter_per_agent=True is a torch-backend feature; the verl backend trains one policy")
         if self.adapter_per_agent:
