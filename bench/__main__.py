@@ -27,7 +27,11 @@ NOT_MODULES = {"__init__", "__main__", "_util", "compare"}
 # Extra arguments per module beyond --quick: the learning benchmark's HTTP loop alone takes minutes.
 EXTRA_ARGS: dict[str, list[str]] = {"learning": ["--skip-http"]}
 # Modules whose framework conflicts with the main environment run in their own (see the Makefile).
-INTERPRETERS: dict[str, Path] = {"integration_crewai": ROOT / ".venv-crewai" / "bin" / "python"}
+INTERPRETERS: dict[str, Path] = {
+    "integration_crewai": ROOT / ".venv-crewai" / "bin" / "python",
+    # trl pins its own transformers range; it lives in .venv-trl (bench/trl_step.py's docstring builds it).
+    "trl_step": ROOT / ".venv-trl" / "bin" / "python",
+}
 MODULE_TIMEOUT_S = 180.0
 # The whole suite should finish within ten minutes; modules run in name order (learning, the slowest, last) and
 # each gets at most what is left of this budget, but together never less than OWN_MINIMUM_S: on a machine
@@ -68,6 +72,8 @@ def run_module(name: str, timeout_s: float) -> ModuleRun:
     shown = f"python -m bench.{name} {' '.join(arguments)}"
     if timeout_s < 20:
         return ModuleRun(name, _purpose(name), shown, 0.0, "skipped: the suite's time budget is spent", "")
+    if not python.exists():
+        return ModuleRun(name, _purpose(name), shown, 0.0, f"skipped: needs {python.parent.parent.name}", "")
     print(f"own: bench.{name} {' '.join(arguments)}", flush=True)
     began = time.perf_counter()
     try:
