@@ -31,9 +31,8 @@ class TorchLearner:
             policy.trainable_parameters(), lr=config.lr, weight_decay=config.weight_decay
         )
         # The KL reference: a LoRA policy scores it with its adapters off; any other policy needs a frozen copy.
-        with policy.reference_weights() as built_in:
-            pass
-        self.reference = copy.deepcopy(policy.module).eval() if config.kl_coef > 0 and not built_in else None
+        builtin = policy.has_builtin_reference
+        self.reference = copy.deepcopy(policy.module).eval() if config.kl_coef > 0 and not builtin else None
         if self.reference is not None:
             self.reference.requires_grad_(False)
         self.sampler = torch.Generator().manual_seed(config.seed)

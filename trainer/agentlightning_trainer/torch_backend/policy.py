@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -202,21 +202,25 @@ class Policy:
         finally:
             self.module = base
 
+    @property
+    def has_builtin_reference(self) -> bool:
+        """Whether the frozen initial model is part of the policy (LoRA: adapters off; per-agent copies: the base),
+        so that a KL penalty needs no copy of the model."""
+        return bool(self.spec.adapters) or (self.spec.uses_lora and hasattr(self.module, "base_weights"))
+
     @contextmanager
     def reference_weights(self) -> Iterator[bool]:
-        """Score with the frozen initial model when the policy has one built in (LoRA: adapters off; per-agent
-        copies: the base); yields whether it did, so that a caller without one keeps its own frozen copy."""
+        """Score with the built-in frozen initial model (:attr:`has_builtin_reference`); yields whether there is
+        one (without, the policy scores as itself and a caller keeps its own frozen copy)."""
         if self.spec.adapters:
             with self.serving(None):
                 yield True
-            return
-        base = getattr(self.module, "base_weights", None)
-        if self.spec.uses_lora and base is not None:
-            with base():
+        elif self.has_builtin_reference:
+            module: Any = self.module
+            with module.base_weights():
                 yield True
         else:
-            with nullcontext():
-                yield False
+            yield False
 
     # --- forward passes ---------------------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
