@@ -151,7 +151,16 @@ class LightningRLConfig(BaseModel):
     gae_lambda: float = Field(default=0.95, ge=0, le=1, description="PPO GAE lambda.")
     vf_coef: float = Field(default=0.5, ge=0, description="PPO value-loss weight.")
     credit: str = Field(
-        default="per_call", description="Credit strategy of the adapter: per_call, broadcast, discounted, ..."
+        default="per_call",
+        description="Credit strategy of the adapter (agentlightning.adapter.credit): per_call, identical, discounted, "
+        "or a name registered with register_credit_strategy.",
+    )
+    credit_gamma: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Discount per LLM call of the 'discounted' credit strategy: call k of n gets sum_j gamma**(j-k) "
+        "r_j over the step rewards r_j from call k on (1.0 = undiscounted). Every strategy receives it.",
     )
     agents: str | list[str] | None = Field(
         default=None, description="Agents to train (exact name, list, or pattern); None = every call."

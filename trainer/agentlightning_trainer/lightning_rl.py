@@ -83,7 +83,12 @@ class LightningRL(ServedPolicyAlgorithm):
             )
         from agentlightning.adapter import TraceAdapter  # validates the credit strategy name now
 
-        self.adapter = TraceAdapter(agents=self.config.agents, credit=self.config.credit, include_messages=False)
+        self.adapter = TraceAdapter(
+            agents=self.config.agents,
+            credit=self.config.credit,
+            gamma=self.config.credit_gamma,
+            include_messages=False,
+        )
         super().__init__(
             run_dir=run_dir, show_progress=show_progress, console=console, n_server_threads=n_server_threads
         )

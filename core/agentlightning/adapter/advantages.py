@@ -22,15 +22,25 @@ class LossAggregation(StrEnum):
 def grpo_advantages(
     transitions: Sequence[Transition], *, normalize_std: bool = True, epsilon: float = 1e-6
 ) -> list[Transition]:
-    """GRPO advantages computed once per rollout within its task group; returns copies with ``.advantage`` set.
+    """GRPO advantages within each task group, with the rollout as the sample; returns copies with ``.advantage``.
 
-    Each rollout contributes one score, the mean of its transitions' rewards, to its group's mean and standard
-    deviation (unbiased, as verl's ``compute_grpo_outcome_advantage``; a group of one rollout uses mean 0 and std
-    1, as verl does). A rollout's advantage is ``(score - mean) / (std + epsilon)`` and each of its calls gets it,
-    shifted by the call's own deviation from the rollout's score: ``advantage + (reward - score) / (std +
-    epsilon)``. With ``identical`` credit every call of a rollout gets exactly the rollout's advantage, so a rollout
-    with five calls weighs the same as one with one call (grouping per call would not: AGL v1's bug). The copies
-    share their token lists with the input.
+    Definition. Rollout ``r`` of a group has ``n_r`` transitions (calls) with credited rewards ``x_rc`` and the score
+    ``s_r = mean_c x_rc``. The group has ``R`` rollouts, mean score ``mu = mean_r s_r``, and the pooled standard
+    deviation of its calls with every rollout weighing 1 (each of its calls ``1 / n_r``)::
+
+        sigma**2 = sum_r (1 / n_r) * sum_c (x_rc - mu)**2 / (R - 1)
+
+    A call's advantage is ``(x_rc - mu) / (sigma + epsilon)`` (``x_rc - mu`` without ``normalize_std``).
+
+    Properties (tested): with ``identical`` credit every call of a rollout gets ``(s_r - mu) / (sigma + epsilon)``
+    and ``sigma`` is the unbiased std of the scores, i.e. verl's GRPO with the rollout (not the call) as the sample,
+    so a rollout with five calls weighs the same as one with one call (grouping per call would not: AGL v1's bug).
+    Each group is zero-sum with the rollout weights (``sum_r (1 / n_r) sum_c A_rc = 0``). Because the deviations are
+    measured in the std *of the same deviations*, ``|A_rc| <= sqrt((R - 1) * n_r)`` for every group shape: a tied
+    group (every score equal) whose calls got different credit stays bounded (dividing within-rollout deviations by
+    the std of the scores alone gave |A| = 5e5 there), and a group where every call scored the same gets 0. A group
+    of one rollout has no baseline: mean 0 and std 1 as verl does, so its calls get their own reward. The copies share
+    their token lists with the input.
     """
     rollout_rewards: dict[str, list[float]] = {}
     rollout_group: dict[str, str] = {}
@@ -42,17 +52,17 @@ def grpo_advantages(
                 f"rollout {transition.rollout_id} has transitions in groups {group!r} and {transition.group_id!r}; "
                 "every transition of a rollout must carry the rollout's group id"
             )
-    score = {rid: sum(values) / len(values) for rid, values in rollout_rewards.items()}
-    group_scores: dict[str, list[float]] = {}
+    group_rollouts: dict[str, list[list[float]]] = {}
     for rid, group in rollout_group.items():
-        group_scores.setdefault(group, []).append(score[rid])
+        group_rollouts.setdefault(group, []).append(rollout_rewards[rid])
     stats: dict[str, tuple[float, float]] = {}
-    for group, scores in group_scores.items():
-        if len(scores) == 1:
+    for group, rollouts in group_rollouts.items():
+        if len(rollouts) == 1:
             stats[group] = (0.0, 1.0)
             continue
-        mean = sum(scores) / len(scores)
-        std = math.sqrt(sum((s - mean) ** 2 for s in scores) / (len(scores) - 1))
+        mean = sum(sum(values) / len(values) for values in rollouts) / len(rollouts)
+        pooled = sum(sum((x - mean) ** 2 for x in values) / len(values) for values in rollouts)
+        std = math.sqrt(pooled / (len(rollouts) - 1))
         stats[group] = (mean, std + epsilon if normalize_std else 1.0)
     result: list[Transition] = []
     for transition in transitions:
