@@ -144,10 +144,11 @@ def runner_command(
         child_args += ["--heartbeat-interval", str(heartbeat_interval)]
         if max_rollouts is not None:
             child_args += ["--max-rollouts", str(max_rollouts)]
-        if token is not None:
-            child_args += ["--token", token]
+        # The token travels in the children's environment: argv is readable by every user (/proc/<pid>/cmdline).
+        env = {**os.environ, TOKEN_ENV: token} if token is not None else None
         prefix = worker_id or default_worker_prefix()
-        raise typer.Exit(_run_processes([[*child_args, "--worker-id", f"{prefix}-p{i}"] for i in range(processes)]))
+        argvs = [[*child_args, "--worker-id", f"{prefix}-p{i}"] for i in range(processes)]
+        raise typer.Exit(_run_processes(argvs, env=env))
     try:
         lit_agent = load_agent(agent)
     except (ValueError, TypeError) as exc:
@@ -162,9 +163,10 @@ def runner_command(
         )
 
 
-def _run_processes(argvs: list[list[str]]) -> int:
-    """Start one ``agl runner`` process per argv; forward ^C/SIGTERM to them; return the worst exit code."""
-    children = [subprocess.Popen([sys.executable, "-m", "agentlightning.cli", *argv, "--quiet"]) for argv in argvs]
+def _run_processes(argvs: list[list[str]], *, env: dict[str, str] | None = None) -> int:
+    """Start one ``agl runner`` process per argv (with ``env``, else ours); forward ^C/SIGTERM; the worst exit code."""
+    command = [sys.executable, "-m", "agentlightning.cli"]
+    children = [subprocess.Popen([*command, *argv, "--quiet"], env=env) for argv in argvs]
 
     def forward(signum: int, _frame: object) -> None:
         for child in children:

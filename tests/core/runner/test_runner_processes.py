@@ -284,3 +284,66 @@ def test_an_agent_defined_in_the_training_script_reaches_the_runner_processes(tm
     assert done.returncode == 0, done.stdout + done.stderr
     workers = _succeeded_workers(db)
     assert len(workers) == 40 and any(re.search(r"-p1-w\d+$", w) for w in workers)
+
+
+def _children(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid`` (Linux /proc)."""
+    found: list[int] = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads /proc/<pid>/cmdline (Linux)")
+def test_agl_runner_processes_get_the_token_from_the_environment_not_argv(tmp_path: Path) -> None:
+    """`agl runner --processes N --token T` used to pass T on each child's command line, readable by every user."""
+    from agentlightning.client import LightningStoreClient
+    from agentlightning.server import StoreServer
+    from agentlightning.types import RolloutRequest
+
+    token = "argv-must-not-hold-this-token"
+    with StoreServer(lambda: SqliteLightningStore(tmp_path / "served.db"), token=token) as server:
+
+        async def enqueue(n: int) -> list[str]:
+            client = LightningStoreClient(server.url, token=token)
+            try:
+                requests = [RolloutRequest(input={"i": i, "sleep": 0.2}) for i in range(n)]
+                rollouts = await client.enqueue_rollouts(requests)
+                return [r.rollout_id for r in rollouts]
+            finally:
+                await client.close()
+
+        ids = asyncio.run(enqueue(8))
+        command = [sys.executable, "-m", "agentlightning.cli", "runner", "--store", server.url, "--agent",
+                   "tests.core.runner.agents:reporting", "--processes", "2", "--max-rollouts", "4", "--quiet"]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "AGENTLIGHTNING_TOKEN"}
+        parent = subprocess.Popen([*command, "--token", token], env=env)
+        try:
+            deadline = time.monotonic() + 60
+            children: list[int] = []
+            while len(children) < 2 and time.monotonic() < deadline and parent.poll() is None:
+                children = _children(parent.pid)
+                time.sleep(0.05)
+            assert len(children) == 2, "the two runner processes did not start"
+            for child in children:
+                argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+                assert token.encode() not in b" ".join(argv), argv
+            assert parent.wait(timeout=120) == 0  # the children authenticated: each ran its 4 rollouts
+        finally:
+            if parent.poll() is None:
+                parent.kill()
+                parent.wait()
+
+        async def statuses() -> list[str]:
+            client = LightningStoreClient(server.url, token=token)
+            try:
+                return [r.status for r in await client.query_rollouts()]
+            finally:
+                await client.close()
+
+        assert sorted(asyncio.run(statuses())) == ["succeeded"] * len(ids)
