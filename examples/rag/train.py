@@ -76,26 +76,32 @@ def cpu_tasks(max_turns: int = CPU_MAX_TURNS) -> tuple[list[dict[str, Any]], lis
     return reduced(train), reduced(val)
 
 
-def cpu_config(steps: int, seed: int, run_dir: Path | None = None) -> Any:
-    """The LightningRL settings that learn this task on a CPU."""
+def cpu_config(steps: int, seed: int, run_dir: Path | None = None, transitions: str = "call") -> Any:
+    """The LightningRL settings that learn this task on a CPU (``transitions="trajectory"``: one sequence a rollout)."""
     return _training.cpu_config(
         vocabulary(), steps=steps, seed=seed, run_dir=run_dir, max_seq_len=160,
         # Measured on this task (in-process runs of the same decisions): lr 1e-3 with one update per step reached
         # a per-search accuracy of 0.2 in 30 steps; 2e-3 with 32-transition mini-batches (8 updates a step)
         # reached 0.6.
         lr=2e-3, credit="per_call", max_prompt_tokens=150, max_response_tokens=4, val_every=5,
+        transitions=transitions,
     )  # fmt: skip
 
 
 def train_cpu(
-    steps: int = 30, seed: int = 0, run_dir: Path | None = None, console: Console | None = None, **options: Any
+    steps: int = 30,
+    seed: int = 0,
+    run_dir: Path | None = None,
+    console: Console | None = None,
+    transitions: str = "call",
+    **options: Any,
 ) -> TrainOutcome:
     """Train the tiny GPT on the CPU task; returns the outcome (``algorithm.val_history``, ``algorithm.history``)."""
     run_dir = run_dir or _training.default_run_dir("rag")
     train, val = cpu_tasks()
     return _training.fit(
-        cpu_config(steps, seed, run_dir), rag_agent, train, val, instrumentation=agentlightning_openai_agents,
-        run_dir=run_dir, n_runners=96, console=console, **options,
+        cpu_config(steps, seed, run_dir, transitions), rag_agent, train, val,
+        instrumentation=agentlightning_openai_agents, run_dir=run_dir, n_runners=96, console=console, **options,
     )  # fmt: skip
 
 

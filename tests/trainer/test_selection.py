@@ -88,8 +88,9 @@ async def test_only_the_selected_agents_calls_train() -> None:
     config = LightningRLConfig(policy=spec, samples_per_task=4, tasks_per_step=1)
     policy = Policy.build(spec)
     learner = TorchLearner(policy, config)
-    stats = learner.update(with_advantages(batch.transitions, config))
+    rows, _ = with_advantages(batch.transitions, config)
+    stats = learner.update(rows)
     assert stats["trained_transitions"] == 4.0
     # The selected (solver) rows carry the rollout-level GRPO advantages: +/- the same magnitude.
-    advantages = sorted(t.advantage or 0.0 for t in with_advantages(batch.transitions, config))
+    advantages = sorted(t.advantage or 0.0 for t in rows)
     assert torch.allclose(torch.tensor(advantages), torch.tensor([-0.866, -0.866, 0.866, 0.866]), atol=1e-3)

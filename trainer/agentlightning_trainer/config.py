@@ -132,6 +132,29 @@ class LightningRLConfig(BaseModel):
     clip_ratio: float = Field(default=0.2, gt=0, lt=1, description="PPO-style ratio clip (low side, 1 - eps).")
     clip_ratio_high: float | None = Field(default=None, gt=0, description="High-side clip; None = clip_ratio.")
     kl_coef: float = Field(default=0.0, ge=0, description="Weight of the k3 KL penalty to the initial policy.")
+    entropy_coef: float = Field(
+        default=0.0,
+        ge=0,
+        description="Weight of an entropy bonus: the loss minus entropy_coef x the policy's entropy over the whole "
+        "vocabulary at response tokens, aggregated like the policy loss (verl's entropy_coeff). > 0 costs one more "
+        "[tokens x vocabulary] tensor per forward pass. 0 = off.",
+    )
+    clip_ratio_c: float | None = Field(
+        default=None,
+        gt=1,
+        description="Dual-clip PPO: for a negative advantage A the per-token loss is capped at -A x clip_ratio_c, so "
+        "a token whose ratio grew large cannot dominate the loss (verl's clip_ratio_c, 3.0 there). None = off on the "
+        "torch backend; the verl backend then keeps verl's default 3.0 (verl always dual-clips).",
+    )
+    tis_cap: float | None = Field(
+        default=None,
+        ge=1,
+        description="Truncated importance sampling (torch backend): each token's policy loss is multiplied by "
+        "min(exp(recomputed - served logprob), tis_cap), detached, correcting for the serving engine sampling from "
+        "other probabilities than the learner computes; the PPO ratio then starts from the learner's recomputed "
+        "logprobs (one more forward pass per step). None = off: the ratio starts from the served logprobs. A no-op "
+        "for transitions without served logprobs. The mismatch is logged either way (update/logprob_mismatch).",
+    )
     loss_aggregation: LossAggregationName = Field(
         default="token-mean", description="'token-mean' (verl's default) or 'rollout-mean' (each rollout weighs 1)."
     )
@@ -161,6 +184,17 @@ class LightningRLConfig(BaseModel):
         le=1,
         description="Discount per LLM call of the 'discounted' credit strategy: call k of n gets sum_j gamma**(j-k) "
         "r_j over the step rewards r_j from call k on (1.0 = undiscounted). Every strategy receives it.",
+    )
+    drop_tied_groups: bool = Field(
+        default=False,
+        description="GRPO: leave out of the update every task group whose calls all got the same reward (all "
+        "advantages 0; DAPO's dynamic sampling). The dropped fraction is logged as tied_groups_dropped.",
+    )
+    transitions: Literal["call", "trajectory"] = Field(
+        default="call",
+        description="'call': one training sequence per LLM call. 'trajectory' (GRPO): an agent's successive calls "
+        "whose prompt extends the previous prompt + reply merge into one sequence, tool results and other "
+        "observation tokens masked out of the loss, every call's tokens keeping its own credit.",
     )
     agents: str | list[str] | None = Field(
         default=None, description="Agents to train (exact name, list, or pattern); None = every call."
@@ -197,6 +231,11 @@ class LightningRLConfig(BaseModel):
             raise ValueError(
                 "backend 'verl' needs verl, which is not installed: pip install \"agent-lightning[verl]\" "
                 "(GPU only), or use backend='torch'"
+            )
+        if self.transitions == "trajectory" and self.algorithm != "grpo":
+            raise ValueError(
+                "transitions='trajectory' trains with GRPO only (PPO's per-token value targets over merged "
+                "trajectories are not built yet); use algorithm='grpo' or transitions='call'"
             )
         if self.algorithm == "grpo" and self.samples_per_task < 2:
             raise ValueError(

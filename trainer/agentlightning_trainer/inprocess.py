@@ -21,14 +21,38 @@ MessagesFn = Callable[[Any], list[dict[str, Any]]]
 ScoreFn = Callable[[Any, str], float]
 
 
-def with_advantages(transitions: list[Transition], config: LightningRLConfig) -> list[Transition]:
-    """Fill in GRPO advantages (rollout-level, within each task group) via the adapter; PPO needs none here."""
+def with_advantages(
+    transitions: list[Transition], config: LightningRLConfig
+) -> tuple[list[Transition], dict[str, float]]:
+    """The rows an update trains on, with GRPO advantages (rollout-level, within each task group), and what was done.
+
+    ``drop_tied_groups`` removes every group whose calls all got the same reward (every advantage 0, DAPO's dynamic
+    sampling): such rows add no gradient, but under token-mean they dilute every other row's weight, and they cost a
+    forward and backward pass. The returned stats hold the dropped fraction of groups. With
+    ``transitions="trajectory"`` the per-call rows are merged after their advantages are computed, so the
+    statistics are those of per-call training and each call's tokens keep their call's advantage. PPO needs no
+    advantages here (the learner computes GAE).
+    """
     if config.algorithm != "grpo" or not transitions:
-        return transitions
-    from agentlightning.adapter import grpo_advantages
+        return transitions, {}
+    from agentlightning.adapter import aggregate_trajectories, grpo_advantages
 
     result = grpo_advantages(transitions, normalize_std=config.normalize_std)
-    return list(result) if result is not None else transitions
+    stats: dict[str, float] = {}
+    if config.drop_tied_groups:
+        rewards_by_group: dict[str, set[float]] = {}
+        for row in result:
+            rewards_by_group.setdefault(row.group_id, set()).add(row.reward)
+        # A group of one rollout has no baseline; its advantage is its reward, not 0, so only ties of 2+ go.
+        sizes: dict[str, set[str]] = {}
+        for row in result:
+            sizes.setdefault(row.group_id, set()).add(row.rollout_id)
+        tied = {g for g, values in rewards_by_group.items() if len(values) == 1 and len(sizes[g]) > 1}
+        result = [row for row in result if row.group_id not in tied]
+        stats["tied_groups_dropped"] = len(tied) / len(rewards_by_group)
+    if config.transitions == "trajectory":
+        result = aggregate_trajectories(result)
+    return result, stats
 
 
 @dataclass
@@ -132,7 +156,9 @@ def train_in_process(
         if skipped:
             _warn(metrics, f"step {step}: no trainable transitions (all {failed} rollouts failed); step skipped")
         else:
-            extra = learner.update(with_advantages(transitions, config))
+            rows, extra = with_advantages(transitions, config)
+            if rows:
+                extra = learner.update(rows) | extra
         record = StepMetrics(
             step=step,
             reward_mean=reward_mean,

@@ -123,7 +123,10 @@ class LightningRL(ServedPolicyAlgorithm):
         )
 
         async def update(transitions: list[Transition]) -> dict[str, float]:
-            extra = await asyncio.to_thread(learner.update, with_advantages(transitions, cfg))
+            rows, extra = with_advantages(transitions, cfg)
+            if not rows:  # every group tied and dropped: nothing to learn, nothing new to publish
+                return extra
+            extra = await asyncio.to_thread(learner.update, rows) | extra
             await self._publish_weights(learner, weights, server)
             return extra
 

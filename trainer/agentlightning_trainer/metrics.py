@@ -15,6 +15,23 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 logger = logging.getLogger(__name__)
 
+UPDATE_METRICS: Mapping[str, str] = {
+    "loss": "total loss of the update (mean over its optimizer steps)",
+    "pg_loss": "policy-gradient loss",
+    "kl": "k3 KL to the reference policy (kl_coef > 0)",
+    "value_loss": "PPO value loss",
+    "clip_frac": "share of loss tokens whose ratio was clipped",
+    "dual_clip_frac": "share of loss tokens whose loss the dual clip capped (clip_ratio_c set)",
+    "entropy": "policy entropy over the vocabulary at response tokens, aggregated like the loss (entropy_coef > 0)",
+    "logprob_mismatch": "mean |learner - served| logprob over loss tokens before the update moved the weights: how "
+    "far the serving engine's probabilities are from the learner's (absent without served logprobs)",
+    "tis_truncated_frac": "share of loss tokens whose truncated importance weight hit tis_cap (tis_cap set)",
+    "grad_norm": "gradient norm before clipping",
+    "trained_transitions": "transitions the update trained on",
+    "dropped_transitions": "transitions the update could not use",
+}
+"""What the torch learner reports per step (``StepMetrics.extra``; ``update/<name>`` in the loggers)."""
+
 
 @dataclass
 class StepMetrics:
@@ -35,6 +52,25 @@ class StepMetrics:
     wall_s: float = 0.0
     val_reward: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def logprob_mismatch(self) -> float | None:
+        """Mean |learner - served| logprob of this step's update, when its transitions carried served logprobs."""
+        return self.extra.get("logprob_mismatch")
+
+    @property
+    def entropy(self) -> float | None:
+        """The policy's aggregated entropy in this step's update, when ``entropy_coef`` > 0."""
+        return self.extra.get("entropy")
+
+    def update_summary(self) -> str:
+        """The update's health numbers a user should see every step (mismatch, entropy), or ''."""
+        parts: list[str] = []
+        if self.logprob_mismatch is not None:
+            parts.append(f"logprob mismatch {self.logprob_mismatch:.2g}")
+        if self.entropy is not None:
+            parts.append(f"entropy {self.entropy:.3g}")
+        return ", ".join(parts)
 
     def scalars(self) -> dict[str, float]:
         """Flat name -> value for loggers."""
@@ -94,12 +130,15 @@ class MetricsLogger:
                 TextColumn("[bold]train"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("reward {task.fields[reward]:.2f} (ema {task.fields[ema]:.2f}) val {task.fields[val]}"),
+                TextColumn(
+                    "reward {task.fields[reward]:.2f} (ema {task.fields[ema]:.2f}) val {task.fields[val]}"
+                    "{task.fields[update]}"
+                ),
                 TimeElapsedColumn(),
                 console=self.console,
                 transient=False,
             )
-            self._task = self._progress.add_task("train", total=total_steps, reward=0.0, ema=0.0, val="-")
+            self._task = self._progress.add_task("train", total=total_steps, reward=0.0, ema=0.0, val="-", update="")
 
     def __enter__(self) -> MetricsLogger:
         """Start the live progress bar."""
@@ -128,20 +167,24 @@ class MetricsLogger:
         if self._progress is not None and not self.console.is_terminal:
             # A log file or CI gets no live bar (rich draws it only at the end there): one line per step instead.
             val = self._last_val()
+            summary = metrics.update_summary()
             self.console.print(
                 f"step {metrics.step}/{self._progress.tasks[0].total:.0f}: reward {metrics.reward_mean:.2f} "
                 f"(ema {metrics.reward_ema:.2f}), val {'-' if val is None else f'{val:.2f}'}, "
-                f"rollouts {metrics.rollout_s:.1f} s, update {metrics.update_s:.1f} s, {metrics.wall_s:.0f} s in",
+                f"rollouts {metrics.rollout_s:.1f} s, update {metrics.update_s:.1f} s, {metrics.wall_s:.0f} s in"
+                f"{f', {summary}' if summary else ''}",
                 soft_wrap=True,
             )
         if self._progress is not None:
             val = self._last_val()
+            summary = metrics.update_summary()
             self._progress.update(
                 self._task,
                 completed=metrics.step,
                 reward=metrics.reward_mean,
                 ema=metrics.reward_ema,
                 val="-" if val is None else f"{val:.2f}",
+                update=f", {summary}" if summary else "",
             )
 
     def log_validation(self, step: int, reward: float) -> None:

@@ -40,6 +40,7 @@ def _fast_path_works() -> bool:
         "response_logprobs": None,
         "reward": 1.0,
         "advantage": None,
+        "response_advantages": None,
         "policy_version": None,
         "prompt_messages": None,
         "response_messages": None,

@@ -45,6 +45,11 @@ def grpo_advantages(
     rollout_rewards: dict[str, list[float]] = {}
     rollout_group: dict[str, str] = {}
     for transition in transitions:
+        if transition.response_advantages is not None:
+            raise ValueError(
+                f"rollout {transition.rollout_id} has a merged trajectory row with per-token advantages; compute "
+                "advantages on the per-call rows, then merge them (aggregate_trajectories)"
+            )
         rollout_rewards.setdefault(transition.rollout_id, []).append(transition.reward)
         group = rollout_group.setdefault(transition.rollout_id, transition.group_id)
         if group != transition.group_id:

@@ -139,6 +139,7 @@ class TraceAdapter:
                 "response_logprobs": call.response_logprobs,
                 "reward": reward,
                 "advantage": None,
+                "response_advantages": None,
                 "policy_version": call.policy_version,
                 "prompt_messages": prompt_messages,
                 "response_messages": response_messages,
@@ -152,12 +153,17 @@ def aggregate_trajectories(transitions: Sequence[Transition]) -> list[Transition
 
     The merged row keeps the first row's prompt; its response is every response with the observation tokens
     between them (tool results, new user turns), and ``response_mask`` is 0 on those. Only rows of the same
-    rollout, agent and policy version merge. The merged row's reward is its last call's (the call that ends it);
-    logprobs are 0.0 on observation tokens, or None if any merged call lacks them.
+    rollout, agent and policy version merge. No call's credit is dropped: the merged row's ``reward`` is the mean of
+    its calls' rewards (the rollout score GRPO uses), and when the rows carry advantages (merging after
+    :func:`~agentlightning.adapter.grpo_advantages`, as the trainer's ``transitions="trajectory"`` does) every token
+    keeps its own call's advantage in ``response_advantages`` (0 on observation tokens) and ``advantage`` is their
+    mean over calls. Logprobs are 0.0 on observation tokens, or None if any merged call lacks them.
     """
     result: list[Transition] = []
     current: Transition | None = None
     full: list[int] = []  # the current row's prompt + response, to test the next prompt against
+    rewards: list[float] = []  # the current row's calls' rewards
+    advantages: list[float | None] = []  # and their advantages
     for row in transitions:
         prompt = row.prompt_token_ids
         if (
@@ -180,20 +186,29 @@ def aggregate_trajectories(transitions: Sequence[Transition]) -> list[Transition
             response_messages = row.response_messages
             if current.prompt_messages is not None and row.prompt_messages is not None:
                 response_messages = row.prompt_messages[len(current.prompt_messages) :] + (response_messages or [])
-            current = with_updates(
-                current,
-                {
-                    "response_token_ids": [*current.response_token_ids, *observation, *response],
-                    "response_mask": [*mask, *([0] * len(observation)), *([1] * len(response))],
-                    "response_logprobs": logprobs,
-                    "reward": row.reward,
-                    "response_messages": response_messages,
-                },
-            )
+            rewards.append(row.reward)
+            advantages.append(row.advantage)
+            update: dict[str, object] = {
+                "response_token_ids": [*current.response_token_ids, *observation, *response],
+                "response_mask": [*mask, *([0] * len(observation)), *([1] * len(response))],
+                "response_logprobs": logprobs,
+                "reward": sum(rewards) / len(rewards),
+                "response_messages": response_messages,
+            }
+            if all(a is not None for a in advantages):
+                per_token = current.response_advantages or [current.advantage or 0.0] * len(current.response_token_ids)
+                update["response_advantages"] = [
+                    *per_token,
+                    *([0.0] * len(observation)),
+                    *([row.advantage or 0.0] * len(response)),
+                ]
+                update["advantage"] = sum(a or 0.0 for a in advantages) / len(advantages)
+            current = with_updates(current, update)
             result[-1] = current
             full = [*prompt, *response]
             continue
         current = row
+        rewards, advantages = [row.reward], [row.advantage]
         result.append(row)
         full = [*row.prompt_token_ids, *row.response_token_ids] if row.has_token_ids else []
         if not full:

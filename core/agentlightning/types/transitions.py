@@ -21,6 +21,11 @@ class Transition(BaseModel):
     response_logprobs: list[float] | None = None
     reward: float = Field(description="The call's reward after credit assignment.")
     advantage: float | None = Field(default=None, description="Filled in by advantage estimators.")
+    response_advantages: list[float] | None = Field(
+        default=None,
+        description="Per response token advantage, overriding `advantage`: set when rows that carry advantages are "
+        "merged into one trajectory (each call's tokens keep their call's advantage; observation tokens 0).",
+    )
     policy_version: int | None = None
     prompt_messages: list[dict[str, Any]] | None = Field(
         default=None, description="Input messages (OpenAI chat shape), for text-based algorithms (APO, SFT)."

@@ -9,8 +9,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from agentlightning.adapter import LossAggregation, grpo_advantages, loss_token_weights
 from agentlightning.adapter.calls import LLMCall

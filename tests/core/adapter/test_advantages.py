@@ -125,9 +125,36 @@ def test_trajectory_aggregation_masks_observation_tokens() -> None:
     assert merged.response_token_ids == [3, 4, 9, 9, 5, 7, 6]
     assert merged.response_mask == [1, 1, 0, 0, 1, 0, 1]
     assert merged.response_logprobs == [-0.3, -0.4, 0.0, 0.0, -0.5, 0.0, -0.6]
-    assert merged.reward == 1.0 and merged.turn_index == 0
+    # per_call credit: 0.5 to the first two calls, 1.0 to the third; no credit is dropped: the row's reward is their
+    # mean, the rollout score GRPO uses
+    assert merged.reward == pytest.approx((0.5 + 0.5 + 1.0) / 3) and merged.turn_index == 0
+    assert merged.advantage is None and merged.response_advantages is None  # merged before advantages: none
     assert fresh.prompt_token_ids == [42] and fresh.response_mask is None
     assert len(merged.response_token_ids) == len(merged.response_mask or [])
+
+
+def test_merging_after_advantages_keeps_each_calls_advantage_per_token() -> None:
+    """The trainer's transitions="trajectory": advantages on the per-call rows, then one sequence per trajectory."""
+
+    def attempt(rollout_id: str, first: float, second: float) -> list[Transition]:
+        b = TraceBuilder(rollout_id=rollout_id)
+        b.llm(prompt=[1], response=[2, 3])
+        b.reward(first)
+        b.llm(prompt=[1, 2, 3, 8], response=[4])  # observation [8] (a tool result) between the replies
+        b.reward(second)
+        rollout = Rollout(rollout_id=rollout_id, input=None, group_id="g", enqueue_time=0)
+        return TraceAdapter(credit="per_call").adapt(rollout, b.spans)
+
+    calls = grpo_advantages([*attempt("r1", 1.0, 0.0), *attempt("r2", 0.0, 0.0)], normalize_std=False)
+    # scores: r1 = 0.5, r2 = 0 -> mean 0.25; call advantages r1: [0.75, -0.25], r2: [-0.25, -0.25]
+    assert [t.advantage for t in calls] == pytest.approx([0.75, -0.25, -0.25, -0.25])
+    r1, r2 = aggregate_trajectories(calls)
+    assert r1.response_token_ids == [2, 3, 8, 4] and r1.response_mask == [1, 1, 0, 1]
+    assert r1.response_advantages == pytest.approx([0.75, 0.75, 0.0, -0.25])
+    assert r1.advantage == pytest.approx(0.25) and r1.reward == pytest.approx(0.5)
+    assert r2.response_advantages == pytest.approx([-0.25, -0.25, 0.0, -0.25])
+    with pytest.raises(ValueError, match="compute advantages on the per-call rows"):
+        grpo_advantages([r1, r2])
 
 
 def test_aggregation_keeps_agents_and_versions_apart() -> None:

@@ -319,8 +319,9 @@ def test_agl_runner_processes_get_the_token_from_the_environment_not_argv(tmp_pa
                 await client.close()
 
         ids = asyncio.run(enqueue(8))
-        command = [sys.executable, "-m", "agentlightning.cli", "runner", "--store", server.url, "--agent",
-                   "tests.core.runner.agents:reporting", "--processes", "2", "--max-rollouts", "4", "--quiet"]  # fmt: skip
+        agent = "tests.core.runner.agents:reporting"
+        command = [sys.executable, "-m", "agentlightning.cli", "runner", "--store", server.url, "--agent", agent,
+                   "--processes", "2", "--max-rollouts", "4", "--quiet"]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "AGENTLIGHTNING_TOKEN"}
         parent = subprocess.Popen([*command, "--token", token], env=env)
         try:

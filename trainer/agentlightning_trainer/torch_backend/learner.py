@@ -14,7 +14,15 @@ import torch
 
 from agentlightning.types import Transition
 from agentlightning_trainer.config import LightningRLConfig
-from agentlightning_trainer.torch_backend.losses import clipped_policy_loss, gae, k3_kl, row_weights, whiten
+from agentlightning_trainer.torch_backend.losses import (
+    clipped_policy_loss,
+    dual_clip,
+    gae,
+    k3_kl,
+    row_weights,
+    truncated_is_weights,
+    whiten,
+)
 from agentlightning_trainer.torch_backend.policy import Policy
 
 logger = logging.getLogger(__name__)
@@ -78,12 +86,27 @@ class TorchLearner:
         self.policy.module.eval()
         with torch.no_grad():
             old_lp, old_values, mask = self._behaviour_scores(batch, adapters)
+            served_lp = torch.zeros_like(old_lp)
+            has_served = torch.zeros(len(batch), dtype=torch.bool, device=device)
             for i, t in enumerate(batch):
-                # The serving engine's logprobs are the behaviour policy's; they make the ratio correct under lag.
                 if t.response_logprobs is not None and len(t.response_logprobs) == len(t.response_token_ids):
-                    old_lp[i, : len(t.response_logprobs)] = torch.tensor(t.response_logprobs, device=device)
+                    served_lp[i, : len(t.response_logprobs)] = torch.tensor(t.response_logprobs, device=device)
+                    has_served[i] = True
                 if t.response_mask is not None and len(t.response_mask) == len(t.response_token_ids):
                     mask[i, : len(t.response_mask)] = torch.tensor(t.response_mask, dtype=mask.dtype, device=device)
+            served = (served_lp, has_served) if bool(has_served.any()) else None
+            tis: torch.Tensor | None = None
+            tis_truncated_frac = 0.0
+            if served is not None and cfg.tis_cap is not None:
+                # The ratio starts from the learner's own (recomputed) logprobs; the truncated weight carries the
+                # serving engine's share of the off-policyness (sampler numerics and policy lag).
+                weights, truncated = truncated_is_weights(old_lp, served_lp, cfg.tis_cap)
+                tis = torch.where(has_served[:, None], weights, torch.ones_like(weights))
+                loss_tokens = mask * has_served[:, None]
+                tis_truncated_frac = float((truncated * loss_tokens).sum() / loss_tokens.sum().clamp(min=1.0))
+            elif served is not None:
+                # The serving engine's logprobs are the behaviour policy's; they make the ratio correct under lag.
+                old_lp = torch.where(has_served[:, None], served_lp, old_lp)
             ref_lp = self._reference_logprobs(prompts, responses) if cfg.kl_coef > 0 else None
             if cfg.algorithm == "ppo":
                 rewards = torch.zeros_like(mask)
@@ -95,8 +118,13 @@ class TorchLearner:
                 advantages = whiten(advantages, mask)
             else:
                 advantages = torch.tensor([float(t.advantage or 0.0) for t in batch], device=device)[:, None] * mask
+                for i, t in enumerate(batch):  # merged trajectories: each call's tokens keep their call's advantage
+                    if t.response_advantages is not None:
+                        per_token = torch.tensor(t.response_advantages, device=device, dtype=advantages.dtype)
+                        advantages[i, : len(per_token)] = per_token * mask[i, : len(per_token)]
                 returns = torch.zeros_like(mask)
         stats: dict[str, list[float]] = {"loss": [], "pg_loss": [], "kl": [], "clip_frac": [], "grad_norm": []}
+        first_step = True  # the first optimizer step scores the weights that made the batch: the mismatch is free
         size = cfg.mini_batch_size or len(batch)
         self.policy.module.train()  # only LoRA dropout (when configured) differs from eval; checkpointing needs it
         for _ in range(cfg.epochs):
@@ -118,10 +146,15 @@ class TorchLearner:
                     mask[idx, :width],
                     torch.unique(rollout_index[idx], return_inverse=True)[1],
                     None if ref_lp is None else ref_lp[idx, :width],
+                    None if tis is None else tis[idx, :width],
+                    None if served is None or not first_step else (served[0][idx, :width], served[1][idx]),
                     stats,
                 )
+                first_step = False
         self.policy.module.eval()
         out = {k: float(np.mean(v)) for k, v in stats.items() if v}
+        if tis is not None:
+            out["tis_truncated_frac"] = tis_truncated_frac
         out["trained_transitions"] = float(len(batch))
         out["dropped_transitions"] = float(len(reasons))
         return out
@@ -160,7 +193,8 @@ class TorchLearner:
         have_logprobs = all(
             t.response_logprobs is not None and len(t.response_logprobs) == len(t.response_token_ids) for t in batch
         )
-        if self.config.algorithm == "grpo" and have_logprobs:
+        # TIS compares the served logprobs with the learner's own, so it needs the forward pass.
+        if self.config.algorithm == "grpo" and have_logprobs and self.config.tis_cap is None:
             r_max = max(len(r) for r in responses)
             mask = torch.zeros((len(batch), r_max), device=self.policy.device)
             for i, r in enumerate(responses):
@@ -179,12 +213,19 @@ class TorchLearner:
         mask: torch.Tensor,
         rollout_index: torch.Tensor,
         ref_lp: torch.Tensor | None,
+        tis: torch.Tensor | None,
+        served: tuple[torch.Tensor, torch.Tensor] | None,
         stats: dict[str, list[float]],
     ) -> None:
+        """One optimizer step on a mini-batch; ``served`` (logprobs, row has them) is given to measure the
+        served-vs-learner mismatch, on the update's first step, before any weight has moved."""
         cfg = self.config
         weights = row_weights(mask, rollout_index, cfg.loss_aggregation)
         micro = cfg.micro_batch_size or len(prompts)
-        totals = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "value_loss": 0.0, "clipped": 0.0}
+        totals = {
+            "loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "value_loss": 0.0, "clipped": 0.0, "dual_clipped": 0.0,
+            "entropy": 0.0, "mismatch": 0.0, "mismatch_tokens": 0.0,
+        }  # fmt: skip
         self.optimizer.zero_grad(set_to_none=True)
         # Micro-batches never mix agents' weights: each is scored under its one agent's adapter (or the policy).
         by_agent: dict[str | None, list[int]] = {}
@@ -200,14 +241,36 @@ class TorchLearner:
             def weighted(x: torch.Tensor, m: torch.Tensor = m, w: torch.Tensor = w) -> torch.Tensor:
                 return ((x * m).sum(dim=1) * w).sum()
 
-            logprobs, values, _ = self.policy.response_scores(
-                [prompts[i] for i in chunk], chosen, temperature=cfg.temperature, adapter=adapter
-            )
+            chunk_prompts = [prompts[i] for i in chunk]
+            entropy: torch.Tensor | None = None
+            if cfg.entropy_coef > 0:  # the full-vocabulary entropy costs memory: only computed when it is used
+                logprobs, values, _, entropy = self.policy.response_scores_with_entropy(
+                    chunk_prompts, chosen, temperature=cfg.temperature, adapter=adapter
+                )
+            else:
+                logprobs, values, _ = self.policy.response_scores(
+                    chunk_prompts, chosen, temperature=cfg.temperature, adapter=adapter
+                )
+            if served is not None:
+                served_tokens = m * served[1][rows, None]
+                gap = (logprobs.detach() - served[0][rows, :width]).abs()
+                totals["mismatch"] += float((gap * served_tokens).sum())
+                totals["mismatch_tokens"] += float(served_tokens.sum())
+            chunk_advantages = advantages[rows, :width]
             per_token, clipped = clipped_policy_loss(
-                logprobs, old_lp[rows, :width], advantages[rows, :width], cfg.clip_ratio, cfg.clip_high
+                logprobs, old_lp[rows, :width], chunk_advantages, cfg.clip_ratio, cfg.clip_high
             )
+            if cfg.clip_ratio_c is not None:
+                per_token, dual_clipped = dual_clip(per_token, chunk_advantages, cfg.clip_ratio_c)
+                totals["dual_clipped"] += float((dual_clipped * m).sum())
+            if tis is not None:
+                per_token = per_token * tis[rows, :width]
             pg_loss = weighted(per_token)
             loss = pg_loss
+            if entropy is not None:
+                mean_entropy = weighted(entropy)
+                loss = loss - cfg.entropy_coef * mean_entropy
+                totals["entropy"] += mean_entropy.item()
             if ref_lp is not None:
                 kl = weighted(k3_kl(logprobs, ref_lp[rows, :width]))
                 loss = loss + cfg.kl_coef * kl
@@ -230,6 +293,12 @@ class TorchLearner:
             stats.setdefault("value_loss", []).append(totals["value_loss"])
         stats["clip_frac"].append(totals["clipped"] / max(1.0, float(mask.sum())))
         stats["grad_norm"].append(float(grad_norm))
+        if cfg.clip_ratio_c is not None:
+            stats.setdefault("dual_clip_frac", []).append(totals["dual_clipped"] / max(1.0, float(mask.sum())))
+        if cfg.entropy_coef > 0:
+            stats.setdefault("entropy", []).append(totals["entropy"])
+        if totals["mismatch_tokens"] > 0:
+            stats.setdefault("logprob_mismatch", []).append(totals["mismatch"] / totals["mismatch_tokens"])
 
     @torch.no_grad()
     def _reference_logprobs(self, prompts: list[list[int]], responses: list[list[int]]) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Loss pieces shared by GRPO and PPO: clipped policy gradient, k3 KL, GAE, and loss aggregation."""
+"""Loss pieces shared by GRPO and PPO: clipped policy gradient (dual clip, truncated importance weights), k3 KL,
+entropy, GAE, and loss aggregation."""
 
 from __future__ import annotations
 
@@ -51,6 +52,32 @@ def clipped_policy_loss(
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     return torch.maximum(unclipped, clipped), (clipped > unclipped).float()
+
+
+def dual_clip(loss: torch.Tensor, advantages: torch.Tensor, clip_ratio_c: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dual-clip PPO (Ye et al. 2020, verl's ``clip_ratio_c``): cap the per-token loss of negative advantages at
+    ``-A * clip_ratio_c``; returns the loss and a per-token 'was capped' indicator."""
+    # For A < 0 the PPO-clip max() keeps the unclipped -A * ratio whenever the ratio is large, so one token whose
+    # probability rose a lot since sampling would dominate the loss; the cap bounds it (its gradient is then 0).
+    cap = -advantages * clip_ratio_c
+    negative = advantages < 0
+    return torch.where(negative, torch.minimum(loss, cap), loss), (negative & (loss > cap)).float()
+
+
+def truncated_is_weights(
+    recomputed_logprobs: torch.Tensor, served_logprobs: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance-sampling weights ``min(exp(recomputed - served), cap)`` (detached), and a per-token
+    'was truncated' indicator: they correct for the serving engine sampling from slightly other probabilities than
+    the learner computes (Yao et al. 2025, 'Your efficient RL framework secretly brings you off-policy RL')."""
+    raw = torch.exp(recomputed_logprobs.detach() - served_logprobs.detach())
+    return raw.clamp(max=cap), (raw > cap).float()
+
+
+def entropy_of(log_probs: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of each distribution given by ``log_probs`` over the last dimension (``[..., V] -> [...]``)."""
+    # The clamp keeps a -inf logprob (a banned token) from giving 0 * -inf = NaN; exp() of it is 0 either way.
+    return -(log_probs.exp() * log_probs.clamp(min=torch.finfo(log_probs.dtype).min)).sum(dim=-1)
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

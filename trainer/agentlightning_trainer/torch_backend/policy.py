@@ -19,6 +19,7 @@ from torch import nn
 
 from agentlightning_trainer.config import PolicySpec
 from agentlightning_trainer.torch_backend.guided import END, Guide, JsonDepth
+from agentlightning_trainer.torch_backend.losses import entropy_of
 from agentlightning_trainer.torch_backend.model import TinyGPT, TinyGPTConfig
 from agentlightning_trainer.torch_backend.tokenizer import WordCharTokenizer
 
@@ -401,11 +402,32 @@ class Policy:
         """Logprobs (at ``temperature``) and values of each response token given its prompt, and the response mask
         (all ``[B, R]``, on the policy's device), under agent ``adapter``'s weights (per-agent policies)."""
         with self.serving(adapter):
-            return self._response_scores(prompts, responses, temperature)
+            logprobs, values, mask, _ = self._response_scores(prompts, responses, temperature, with_entropy=False)
+        return logprobs, values, mask
+
+    def response_scores_with_entropy(
+        self,
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        *,
+        temperature: float = 1.0,
+        adapter: str | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`response_scores` plus the entropy ``[B, R]`` of the (tempered) next-token distribution at each
+        response position, from the same forward pass (an entropy bonus needs its gradient)."""
+        with self.serving(adapter):
+            logprobs, values, mask, entropy = self._response_scores(prompts, responses, temperature, with_entropy=True)
+        assert entropy is not None  # with_entropy=True always computes it
+        return logprobs, values, mask, entropy
 
     def _response_scores(
-        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], temperature: float
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self,
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        temperature: float,
+        *,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         b = len(prompts)
         total = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
         if total > self.max_seq_len:
@@ -415,7 +437,7 @@ class Policy:
             )
         score_group = getattr(self.module, "score_group", None)
         if score_group is not None and not self.spec.gradient_checkpointing:
-            return self._scores_by_prompt(score_group, prompts, responses, temperature)
+            return self._scores_by_prompt(score_group, prompts, responses, temperature, with_entropy=with_entropy)
         r_max = max(len(r) for r in responses)
         # Left padding ends every response at the last column, so only the last r_max + 1 positions' logits are
         # needed: for a 49k-token vocabulary the full [B, T, V] logits would dominate the memory of a step.
@@ -441,14 +463,21 @@ class Policy:
         picked = logits[:, :-1].float()
         if temperature > 0 and temperature != 1.0:
             picked = picked / temperature
-        logprobs = torch.log_softmax(picked, dim=-1).gather(2, targets[:, :, None]).squeeze(2)
+        log_probs = torch.log_softmax(picked, dim=-1)
+        logprobs = log_probs.gather(2, targets[:, :, None]).squeeze(2)
         # Back to the left-aligned layout callers use (row i's tokens at [i, :len(r_i)]), zero past the end.
         shift = torch.tensor([r_max - len(r) for r in responses], device=device)
         cols = (torch.arange(r_max, device=device)[None, :] + shift[:, None]).clamp(max=r_max - 1)
         left_mask = torch.zeros((b, r_max), device=device)
         for i, r in enumerate(responses):
             left_mask[i, : len(r)] = 1.0
-        return logprobs.gather(1, cols) * left_mask, values[:, :-1].float().gather(1, cols) * left_mask, left_mask
+        entropy = entropy_of(log_probs).gather(1, cols) * left_mask if with_entropy else None
+        return (
+            logprobs.gather(1, cols) * left_mask,
+            values[:, :-1].float().gather(1, cols) * left_mask,
+            left_mask,
+            entropy,
+        )
 
     def _scores_by_prompt(
         self,
@@ -456,9 +485,12 @@ class Policy:
         prompts: Sequence[Sequence[int]],
         responses: Sequence[Sequence[int]],
         temperature: float,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        *,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """:meth:`response_scores` with one prompt pass per distinct prompt (its replies share the KV cache)."""
         b, r_max, device = len(prompts), max(len(r) for r in responses), self.device
+        entropy = torch.zeros((b, r_max), device=device) if with_entropy else None
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, p in enumerate(prompts):
             groups.setdefault(tuple(p), []).append(i)
@@ -475,7 +507,8 @@ class Policy:
             picked = logits.float()
             if temperature > 0 and temperature != 1.0:
                 picked = picked / temperature
-            lp = torch.log_softmax(picked, dim=-1).gather(2, targets[:, :, None]).squeeze(2)
+            log_probs = torch.log_softmax(picked, dim=-1)
+            lp = log_probs.gather(2, targets[:, :, None]).squeeze(2)
             index = torch.tensor(rows, device=device)
             row_mask = torch.zeros((len(rows), r_max), device=device)
             for j, r in enumerate(replies):
@@ -483,5 +516,8 @@ class Policy:
             # index_put keeps the graph: the rows of each group land in their places of the batch.
             logprobs = logprobs.index_put((index,), torch.nn.functional.pad(lp, (0, r_max - width)))
             values = values.index_put((index,), torch.nn.functional.pad(vals.float(), (0, r_max - width)))
+            if entropy is not None:
+                group_entropy = torch.nn.functional.pad(entropy_of(log_probs), (0, r_max - width))
+                entropy = entropy.index_put((index,), group_entropy)
             mask[index] = row_mask
-        return logprobs * mask, values * mask, mask
+        return logprobs * mask, values * mask, mask, None if entropy is None else entropy * mask

@@ -109,8 +109,11 @@ async def run_verl(
     router.policy_version = algorithm.version
 
     async def update(transitions: list[Transition]) -> dict[str, float]:
+        rows, info = with_advantages(transitions, cfg)
+        if not rows:  # every group tied and dropped: no step, the served weights stay current
+            return info
         version = algorithm.version + 1
-        extra = await asyncio.to_thread(engine.train_step, with_advantages(transitions, cfg), version)
+        extra = await asyncio.to_thread(engine.train_step, rows, version) | info
         algorithm.version = router.policy_version = version
         if record_checksums is not None:
             record_checksums.append(await _checksum(engine))

@@ -101,7 +101,7 @@ def build_batch_tensors(
     attention = torch.zeros((total_rows, width_p + width_r), dtype=torch.long)
     response_mask = torch.zeros((total_rows, width_r), dtype=torch.long)
     scores = torch.zeros((total_rows, width_r), dtype=torch.float32)
-    advantage = torch.zeros((total_rows, 1), dtype=torch.float32)
+    advantage = torch.zeros((total_rows, width_r), dtype=torch.float32)
     with_logprobs = all(
         t.response_logprobs is not None and len(t.response_logprobs) == len(t.response_token_ids) for t in transitions
     )
@@ -121,7 +121,11 @@ def build_batch_tensors(
         mask = t.response_mask[:width_r] if t.response_mask is not None else [1] * n_r
         response_mask[row, :n_r] = torch.tensor(mask, dtype=torch.long)
         scores[row, n_r - 1] = t.reward
-        advantage[row, 0] = float(t.advantage or 0.0) * scales[row]
+        if t.response_advantages is not None:  # a merged trajectory: each call's tokens carry its own advantage
+            per_token = torch.tensor(t.response_advantages[:width_r], dtype=torch.float32)
+            advantage[row, : len(per_token)] = per_token * scales[row]
+        else:
+            advantage[row, :] = float(t.advantage or 0.0) * scales[row]
         if logprobs is not None and t.response_logprobs is not None:
             logprobs[row, :n_r] = torch.tensor(t.response_logprobs[:width_r], dtype=torch.float32)
     advantages = advantage * response_mask.to(torch.float32)

@@ -107,6 +107,19 @@ def check_verl_config(config: LightningRLConfig) -> str:
             "backend 'verl' starts from policy.hf_model, not from a torch state dict (init_weights is set); save "
             "the fine-tuned model with save_pretrained and point hf_model at that directory"
         )
+    if config.tis_cap is not None:
+        # verl has the correction (algorithm.rollout_correction) but applies it inside RayPPOTrainer.fit, the loop
+        # our engine's train step replaces; setting verl's keys alone would silently train without it.
+        raise ValueError(
+            "tis_cap (truncated importance sampling) is not wired into the verl backend yet; use backend='torch' "
+            "for it, or tis_cap=None"
+        )
+    if config.entropy_coef > 0 and config.loss_aggregation == "rollout-mean":
+        raise ValueError(
+            "backend 'verl' reaches loss_aggregation='rollout-mean' by scaling advantages, which does not reach the "
+            "entropy bonus (verl would aggregate it token-mean); use loss_aggregation='token-mean' with "
+            "entropy_coef > 0, or backend='torch'"
+        )
     return config.policy.hf_model
 
 
@@ -145,7 +158,7 @@ def verl_overrides(config: LightningRLConfig, settings: VerlSettings) -> dict[st
         f"{actor}.use_kl_loss": config.kl_coef > 0,
         f"{actor}.kl_loss_coef": config.kl_coef,
         f"{actor}.kl_loss_type": "low_var_kl",  # k3, the estimator of our torch backend
-        f"{actor}.entropy_coeff": 0.0,
+        f"{actor}.entropy_coeff": config.entropy_coef,
         f"{actor}.shuffle": False,
         f"{actor}.data_loader_seed": config.seed,
         f"{actor}.fsdp_config.param_offload": settings.param_offload,
@@ -181,6 +194,8 @@ def verl_overrides(config: LightningRLConfig, settings: VerlSettings) -> dict[st
         "trainer.balance_batch": True,
         "trainer.device": "cuda",
     }
+    if config.clip_ratio_c is not None:  # None keeps verl's own dual clip (3.0): verl has no way to turn it off
+        overrides[f"{actor}.clip_ratio_c"] = config.clip_ratio_c
     overrides.update(settings.overrides)
     return overrides
 
