@@ -2,15 +2,17 @@
 
 Run: ``.venv/bin/python -m bench.rl_settings`` (3 seeds; ``--quick``: seed 0, tool choice only; ``--examples rag``).
 
-* ``tool_choice`` — the quickstart task in process (one call per rollout, ``identical`` credit): GRPO steps until the
-  train reward EMA reaches 0.8 (at most ``--max-steps``).
+* ``tool_choice`` — the quickstart task in process (one call per rollout): mean train reward of steps 91-100.
 * ``rag`` — the multi-hop research agent through the full HTTP loop (two calls per rollout, ``per_call`` credit with
-  step rewards, where tied groups made the old advantages explode): greedy validation F1 after 15 steps.
+  step rewards: where tied groups made the old advantages explode): greedy validation F1 after 15 steps.
+* ``calc`` — the AutoGen calculator agent through the full HTTP loop (two tool turns, the second prompt extending the
+  first): greedy validation exact answer after 40 steps, trained per trajectory (its default) and per call.
 
-Variants: ``before #25`` reproduces the advantages the trainer used before issue 25 (call deviations divided by the
-std of the rollout scores; unbounded for a tied group with per-call credit; kept here only as the baseline); every
-other row is today's trainer with one option changed from its default. The rows are what the defaults in
-``LightningRLConfig`` were chosen from (docs/algorithm.md).
+``before #25`` reproduces the advantages the trainer used before issue 25 (call deviations divided by the std of the
+rollout scores; unbounded for a tied group with per-call credit; kept here only as the baseline). It equals today's
+on single-call rollouts and under ``identical`` credit (tool choice; calc, whose only reward is final), so it runs
+on rag only. Every other row is today's trainer with one option changed from the example's default. The rows are what
+the defaults in ``LightningRLConfig`` were chosen from (docs/algorithm.md).
 """
 
 from __future__ import annotations
@@ -38,15 +40,18 @@ from agentlightning_trainer import tool_choice
 from agentlightning_trainer.config import LightningRLConfig, PolicySpec
 from agentlightning_trainer.inprocess import train_in_process
 
-THRESHOLD = 0.8
-VARIANTS: dict[str, dict[str, Any]] = {
-    "before #25": {},
+KNOBS: dict[str, dict[str, Any]] = {
     "default": {},
     "drop_tied_groups": {"drop_tied_groups": True},
     "rollout-mean": {"loss_aggregation": "rollout-mean"},
     "entropy_coef 0.01": {"entropy_coef": 0.01},
     "clip_ratio_c 3": {"clip_ratio_c": 3.0},
     "tis_cap 2": {"tis_cap": 2.0},
+}
+VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
+    "tool_choice": KNOBS,
+    "rag": {"before #25": {}, **{k: KNOBS[k] for k in ("default", "drop_tied_groups", "rollout-mean")}},
+    "calc": {"default (trajectory)": {}, "transitions call": {"transitions": "call"}},
 }
 
 
@@ -123,16 +128,15 @@ def _max_advantage_probe() -> tuple[Callable[[], float], contextlib.AbstractCont
     return (lambda: seen[0]), patched()
 
 
-def tool_choice_run(variant: str, seed: int, max_steps: int) -> Result:
-    """Steps to train reward EMA 0.8 in process (``max_steps + 1`` when not reached)."""
+def tool_choice_run(overrides: dict[str, Any], variant: str, seed: int) -> Result:
+    """Mean train reward of steps 91-100 in process."""
     config = LightningRLConfig.model_validate(
         {
             "policy": PolicySpec(words=tool_choice.vocabulary()),
-            "steps": max_steps,
+            "steps": 100,
             "seed": seed,
             "val_every": 10_000,
-            "stop_at_reward": THRESHOLD,
-            **VARIANTS[variant],
+            **overrides,
         }
     )
     peak, probe = _max_advantage_probe()
@@ -141,37 +145,60 @@ def tool_choice_run(variant: str, seed: int, max_steps: int) -> Result:
         result = train_in_process(
             config, tool_choice.tasks(), None, messages=tool_choice.messages, score=tool_choice.score
         )
-    steps = result.steps_to(THRESHOLD)
-    return Result(float(steps if steps is not None else max_steps + 1), peak(), time.perf_counter() - start)
+    late = [m.reward_mean for m in result.history[-10:]]
+    return Result(sum(late) / len(late), peak(), time.perf_counter() - start)
 
 
-def rag_run(variant: str, seed: int, steps: int) -> Result:
-    """Greedy validation F1 after ``steps`` steps of the rag example through the HTTP loop."""
+def _http_run(example: str, config: LightningRLConfig, variant: str) -> Result:
+    """Greedy validation reward at the end of an example's CPU run through the HTTP loop."""
     from examples import _training
-    from examples.rag import train as rag
 
-    config = rag.cpu_config(steps, seed).model_copy(update=VARIANTS[variant])
-    config = LightningRLConfig.model_validate(config.model_dump())  # validate the changed option
-    train, val = rag.cpu_tasks()
+    if example == "rag":
+        from examples.rag import train as module
+
+        agent, instrumentation, (train, val) = module.rag_agent, module.agentlightning_openai_agents, module.cpu_tasks()
+        n_runners = 96
+    else:
+        from examples.calc import train as module
+
+        agent, instrumentation, (train, val) = module.calc_agent, module.agentlightning_autogen, module.cpu_tasks()
+        n_runners = 64
     peak, probe = _max_advantage_probe()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-rl-") as tmp, advantages_of(variant), probe:
         outcome = _training.fit(
             config.model_copy(update={"checkpoint_dir": None, "log_dir": None}),
-            rag.rag_agent,
+            agent,
             train,
             val,
-            instrumentation=rag.agentlightning_openai_agents,
+            instrumentation=instrumentation,
             run_dir=Path(tmp),
-            n_runners=96,
+            n_runners=n_runners,
             show_progress=False,
         )
     return Result(outcome.val_after, peak(), time.perf_counter() - start)
 
 
-EXAMPLES: dict[str, tuple[str, Callable[[str, int, argparse.Namespace], Result]]] = {
-    "tool_choice": ("steps to EMA 0.8 (lower is better)", lambda v, s, a: tool_choice_run(v, s, a.max_steps)),
-    "rag": ("validation F1 after 15 steps (higher is better)", lambda v, s, a: rag_run(v, s, 15)),
+def rag_run(overrides: dict[str, Any], variant: str, seed: int) -> Result:
+    """Greedy validation F1 after 15 steps of the rag example."""
+    from examples.rag import train as rag
+
+    config = LightningRLConfig.model_validate({**rag.cpu_config(15, seed).model_dump(), **overrides})
+    return _http_run("rag", config, variant)
+
+
+def calc_run(overrides: dict[str, Any], variant: str, seed: int) -> Result:
+    """Greedy validation exact answer after 40 steps of the calc example."""
+    from examples.calc import train as calc
+
+    config = LightningRLConfig.model_validate({**calc.cpu_config(40, seed).model_dump(), **overrides})
+    return _http_run("calc", config, variant)
+
+
+EXAMPLES: dict[str, tuple[str, Callable[[dict[str, Any], str, int], Result]]] = {
+    "tool_choice": ("mean train reward, steps 91-100", tool_choice_run),
+    "rag": ("validation F1 after 15 steps", rag_run),
+    "calc": ("validation exact answer after 40 steps", calc_run),
 }
 
 
@@ -180,9 +207,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="seed 0 and the tool-choice task only")
     parser.add_argument("--examples", nargs="*", default=None, choices=sorted(EXAMPLES))
-    parser.add_argument("--variants", nargs="*", default=None, choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="*", default=None, help="only these variants (names as in the tables)")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--max-steps", type=int, default=120)
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     torch.set_num_threads(1)
@@ -191,11 +217,12 @@ def main() -> None:
     examples = args.examples or (["tool_choice"] if args.quick else list(EXAMPLES))
     for example in examples:
         label, run = EXAMPLES[example]
-        table = Table(title=f"{example}: {label}, per seed; max |advantage| over the run")
+        table = Table(title=f"{example}: {label} (higher is better), per seed; max |advantage| over the run")
         for column in ("variant", *[f"seed {s}" for s in seeds], "median", "max |A|", "wall s"):
             table.add_column(column)
-        for variant in args.variants or list(VARIANTS):
-            results = [run(variant, seed, args) for seed in seeds]
+        variants = VARIANTS[example]
+        for variant in [v for v in variants if args.variants is None or v in args.variants]:
+            results = [run(variants[variant], variant, seed) for seed in seeds]
             for seed, result in zip(seeds, results, strict=True):
                 console.print(f"{example} / {variant} / seed {seed}: {result.value:.3g} ({result.seconds:.0f} s)")
             table.add_row(

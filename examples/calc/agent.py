@@ -1,201 +1,91 @@
-"""The calc agent: a plain AutoGen ``AssistantAgent`` that solves word problems with a calculator tool.
+"""The calc agent: a plain AutoGen ``AssistantAgent`` that solves two-step word problems with a calculator tool.
 
-It knows nothing of Agent Lightning: it calls any OpenAI-compatible model through
+It knows nothing of Agent Lightning: it calls any OpenAI-compatible model with tool calling through
 ``OpenAIChatCompletionClient(base_url=...)``. ``train.py`` trains it without changing this file.
 
-The model does not compute: it writes the calculation (``first minus second``, ``12 times 7``, ``second divided by
-first``) and the agent's ``calculator`` tool evaluates it, with ``first`` and ``second`` standing for the problem's
-numbers in order. Models served without native tool calling (a vLLM server without a tool parser, the tiny CPU policy)
-use the tool through :class:`SingleToolTextClient`: the model's whole reply is the tool's input.
+The model does not compute: it calls the ``calculator`` tool once per step of the story with the operation that
+step needs (``plus``, ``minus``, ``times``, ``divided``). The calculator keeps a running total: its first call
+combines the problem's first two numbers, each later call combines the total with the next number. AutoGen runs the
+tool and sends its result back to the model, which makes the next call (``max_tool_iterations=2``); the last
+result is the answer (``reflect_on_tool_use=False``). Two model calls per problem, the second prompt extending the
+first with the model's call and the tool's result: one multi-turn trajectory.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import ssl
-import uuid
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Final
 
 import certifi
 import openai
 from autogen_agentchat.agents import AssistantAgent
-from autogen_core import CancellationToken, FunctionCall
-from autogen_core.models import (
-    ChatCompletionClient,
-    CreateResult,
-    LLMMessage,
-    ModelCapabilities,  # pyright: ignore[reportDeprecated]  # still part of the abstract interface in 0.7
-    ModelInfo,
-    RequestUsage,
-)
-from autogen_core.tools import FunctionTool, Tool, ToolSchema
+from autogen_core.models import ModelInfo
+from autogen_core.tools import FunctionTool
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 
-SYSTEM_MESSAGE: Final = "Write the calculation for the problem with first and second for its numbers."
+from examples.calc.problems import OPERATIONS, apply
+
+SYSTEM_MESSAGE: Final = "Call the calculator once for each step of the problem, in order."
+STEPS: Final = 2
+"""Calculator calls per problem (AutoGen's ``max_tool_iterations``)."""
 
 # One TLS context for every HTTP client: building one per client loads the CA bundle each time (~20-60 ms of CPU),
 # which would dominate the cost of a problem when every problem talks to a new base URL.
 _TLS: Final = ssl.create_default_context(cafile=certifi.where())
-_TEXT_MODEL: Final[ModelInfo] = {
-    "vision": False, "function_calling": False, "json_output": False, "structured_output": False, "family": "unknown",
+_TOOL_MODEL: Final[ModelInfo] = {
+    "vision": False, "function_calling": True, "json_output": False, "structured_output": False, "family": "unknown",
 }  # fmt: skip
-_OPERATORS: Final = {
-    "plus": "+", "+": "+", "minus": "-", "-": "-", "times": "*", "*": "*", "x": "*", "divided": "/", "over": "/",
-    "/": "/",
-}  # fmt: skip
-_TOKEN_RE: Final = re.compile(r"first|second|plus|minus|times|divided|over|\d+(?:\.\d+)?|[+\-*/]|\bx\b")
+_SYNONYMS: Final = {"+": "plus", "add": "plus", "-": "minus", "subtract": "minus", "*": "times", "x": "times",
+                    "multiply": "times", "/": "divided", "divide": "divided", "over": "divided"}  # fmt: skip
+_WORD_RE: Final = re.compile(r"[a-z]+|[+\-*/]")
 
 
-def calculate(expression: str, numbers: Sequence[float]) -> float:
-    """Evaluate ``X op Y``: numbers or ``first``/``second`` (the problem's numbers), op in words or symbols.
-
-    Read leniently, as a calculator reads a scribble: the first operator counts, its left operand is the last
-    number before it and its right operand the first after it; a missing operand is the problem's number the other
-    one is not (first on the left, second on the right, by default).
-    """
-    tokens = _TOKEN_RE.findall(expression.lower())
-    position = next((i for i, t in enumerate(tokens) if t in _OPERATORS), None)
-    if position is None:
-        raise ValueError(f"no operator in {expression!r}; write e.g. 'first plus second' or '12 * 7'")
-    references = {"first": 0, "second": 1}
-
-    def value(token: str) -> float:
-        if token in references:
-            if len(numbers) <= references[token]:
-                raise ValueError(f"{expression!r} names the {token} number; the problem has {len(numbers)}")
-            return float(numbers[references[token]])
-        return float(token)
-
-    left = next((t for t in reversed(tokens[:position]) if t not in _OPERATORS), None)
-    right = next((t for t in tokens[position + 1 :] if t not in _OPERATORS), None)
-    if left is None:
-        left = "second" if right == "first" else "first"
-    if right is None:
-        right = "first" if left == "second" else "second"
-    x, y = value(left), value(right)
-    operator = _OPERATORS[tokens[position]]
-    if operator == "/" and y == 0:
-        raise ValueError(f"{expression!r} divides by zero")
-    return {"+": x + y, "-": x - y, "*": x * y, "/": x / y if y else 0.0}[operator]
+def operation_of(text: str) -> str:
+    """The operation a calculator input names (``plus``, ``minus``, ``times``, ``divided``; symbols and synonyms
+    too), read leniently as a calculator reads a scribble: the first one found counts."""
+    for word in _WORD_RE.findall(text.lower()):
+        word = _SYNONYMS.get(word, word)
+        if word in OPERATIONS:
+            return word
+    raise ValueError(f"no operation in {text!r}; write plus, minus, times or divided")
 
 
-def make_calculator(numbers: Sequence[float]) -> FunctionTool:
-    """The ``calculator`` tool of one problem: ``first`` and ``second`` in an expression are its numbers."""
+class Calculator:
+    """A running total over one problem's numbers: each call applies an operation to the total and the next number."""
 
-    async def calculator(expression: str) -> str:
-        """Evaluate a calculation such as 'first plus second', '12 times 7' or '84 / 7'."""
-        try:
-            result = calculate(expression, numbers)
-        except ValueError as exc:
-            return f"error: {exc}"
-        return str(int(result)) if result == int(result) else f"{result:.4g}"
+    def __init__(self, numbers: Sequence[float]) -> None:
+        """Start before the problem's first number."""
+        self.numbers = list(numbers)
+        self.total: float | None = None
+        self.used = 0
 
-    return FunctionTool(calculator, name="calculator", description="Evaluate one arithmetic calculation.")
+    def step(self, operation: str) -> float:
+        """Apply ``operation``; the first call combines the first two numbers."""
+        if self.total is None:
+            if len(self.numbers) < 2:
+                raise ValueError(f"the problem has {len(self.numbers)} numbers; a calculation needs two")
+            self.total, self.used = float(self.numbers[0]), 1
+        if self.used >= len(self.numbers):
+            raise ValueError(f"every number of the problem is used ({self.used}); the total is {self.total:g}")
+        self.total = apply(operation_of(operation), self.total, float(self.numbers[self.used]))
+        self.used += 1
+        return self.total
 
+    def tool(self) -> FunctionTool:
+        """The AutoGen tool over this running total."""
 
-class SingleToolTextClient(ChatCompletionClient):
-    """A model client that gives a text-only model one tool: its whole reply becomes the call of that tool.
+        async def calculator(operation: str) -> str:
+            """Apply plus, minus, times or divided to the running total and the problem's next number (the first
+            call: to its first two numbers)."""
+            try:
+                result = self.step(operation)
+            except ValueError as exc:
+                return f"error: {exc}"
+            return str(int(result)) if result == int(result) else f"{result:.4g}"
 
-    With exactly one tool offered (taking one string parameter) the wrapped client is asked for plain text, and
-    its reply is returned as a call of the tool with the text as that parameter; otherwise calls pass through.
-    """
-
-    def __init__(self, client: ChatCompletionClient, *, model: str | None = None) -> None:
-        """Wrap ``client`` (which needs no tool-calling support); ``model`` names its model for observers."""
-        self._client = client
-        self.model = model
-        self._info: ModelInfo = {**client.model_info, "function_calling": True}
-
-    async def create(
-        self,
-        messages: Sequence[LLMMessage],
-        *,
-        tools: Sequence[Tool | ToolSchema] = [],  # the abstract method's own signature
-        tool_choice: Tool | Any = "auto",
-        json_output: bool | type[Any] | None = None,
-        extra_create_args: Mapping[str, Any] = {},  # the abstract method's own signature
-        cancellation_token: CancellationToken | None = None,
-    ) -> CreateResult:
-        """Ask the wrapped model for text; with one tool offered, return the text as that tool's call."""
-        target = _single_text_parameter(tools) if tool_choice != "none" else None
-        result = await self._client.create(
-            messages,
-            tools=[] if target else tools,
-            json_output=json_output,
-            extra_create_args=extra_create_args,
-            cancellation_token=cancellation_token,
-        )
-        if target is None or not isinstance(result.content, str):
-            return result
-        name, parameter = target
-        call = FunctionCall(
-            id=f"call_{uuid.uuid4().hex[:12]}", name=name, arguments=json.dumps({parameter: result.content.strip()})
-        )
-        return result.model_copy(update={"content": [call], "finish_reason": "function_calls"})
-
-    async def create_stream(
-        self,
-        messages: Sequence[LLMMessage],
-        *,
-        tools: Sequence[Tool | ToolSchema] = [],  # the abstract method's own signature
-        tool_choice: Tool | Any = "auto",
-        json_output: bool | type[Any] | None = None,
-        extra_create_args: Mapping[str, Any] = {},  # the abstract method's own signature
-        cancellation_token: CancellationToken | None = None,
-    ) -> AsyncGenerator[str | CreateResult, None]:
-        """The result of :meth:`create` as a one-item stream (a tool call cannot be read before the text ends)."""
-        yield await self.create(
-            messages,
-            tools=tools,
-            tool_choice=tool_choice,
-            json_output=json_output,
-            extra_create_args=extra_create_args,
-            cancellation_token=cancellation_token,
-        )
-
-    async def close(self) -> None:
-        """Close the wrapped client."""
-        await self._client.close()
-
-    def actual_usage(self) -> RequestUsage:
-        """The wrapped client's usage."""
-        return self._client.actual_usage()
-
-    def total_usage(self) -> RequestUsage:
-        """The wrapped client's total usage."""
-        return self._client.total_usage()
-
-    def count_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
-        """Tokens of ``messages`` as the wrapped client counts them (tools are not sent)."""
-        return self._client.count_tokens(messages)
-
-    def remaining_tokens(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = []) -> int:
-        """Tokens left in the wrapped model's context after ``messages``."""
-        return self._client.remaining_tokens(messages)
-
-    @property
-    def capabilities(self) -> ModelCapabilities:  # pyright: ignore[reportDeprecated]  # abstract in 0.7
-        """Deprecated in AutoGen; the model info's capability flags."""
-        return {k: v for k, v in self._info.items() if k in ("vision", "function_calling", "json_output")}  # type: ignore[return-value]  # a ModelCapabilities subset of the info
-
-    @property
-    def model_info(self) -> ModelInfo:
-        """The wrapped model's info, with function calling (this client provides it)."""
-        return self._info
-
-
-def _single_text_parameter(tools: Sequence[Tool | ToolSchema]) -> tuple[str, str] | None:
-    """(tool name, parameter name) when exactly one tool with one string parameter is offered."""
-    if len(tools) != 1:
-        return None
-    schema: ToolSchema = tools[0].schema if isinstance(tools[0], Tool) else tools[0]
-    properties = dict(schema.get("parameters", {}).get("properties", {}))
-    if len(properties) != 1:
-        return None
-    ((parameter, spec),) = properties.items()
-    return (schema["name"], parameter) if spec.get("type") == "string" else None
+        return FunctionTool(calculator, name="calculator", description="One step of the problem's arithmetic.")
 
 
 def problem_numbers(problem: str) -> list[float]:
@@ -224,14 +114,16 @@ async def solve(
             max_tokens=max_tokens,
             max_retries=0,
             http_client=http,  # type: ignore[typeddict-unknown-key]  # passed on to openai.AsyncOpenAI
-            model_info=_TEXT_MODEL,
+            model_info=_TOOL_MODEL,
+            parallel_tool_calls=False,  # one step per call: the running total depends on the order
         )
         solver = AssistantAgent(
             "solver",
-            model_client=SingleToolTextClient(client, model=model),
-            tools=[make_calculator(problem_numbers(problem))],
+            model_client=client,
+            tools=[Calculator(problem_numbers(problem)).tool()],
             system_message=SYSTEM_MESSAGE,
-            reflect_on_tool_use=False,  # the calculator's result is the answer
+            max_tool_iterations=STEPS,
+            reflect_on_tool_use=False,  # the calculator's last result is the answer
         )
         try:
             result = await solver.run(task=problem)

@@ -1,28 +1,35 @@
-"""The calc example's data, made by code: arithmetic word problems from templates, with their exact answers.
+"""The calc example's data, made by code: two-step arithmetic word problems from templates, with their exact answers.
 
-Each template is one story whose answer is one operation on its two numbers, in a fixed order: ``first plus
-second``, ``second minus first``, ``first divided by second``, ... (first and second = the numbers in the order the
-problem states them). Names, objects and numbers vary; divisions always come out whole.
+Each template is one story with three numbers and two operations in the order the story tells them: the first
+combines the first two numbers, the second combines that result with the third (``plus`` then ``minus`` for "has 5,
+gets 3 more, then gives away 2"). Names, objects and numbers vary; every intermediate and final answer is a positive
+whole number.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass
-from typing import Any, Final
+from typing import Final
 
-# (template, expression over first/second). Templates are lower case with few distinct words: every word is a token
-# of the tiny CPU policy.
-TEMPLATES: Final[tuple[tuple[str, str], ...]] = (
-    ("{name} has {a} {things} and gets {b} more. how many {things} does {name} have now", "first plus second"),
-    ("a box holds {a} red {things} and {b} blue {things}. how many {things} are in the box", "first plus second"),
-    ("{name} had {a} {things} and gave away {b}. how many {things} are left", "first minus second"),
-    ("a shelf holds {a} {things}. {b} are sold. how many {things} remain", "first minus second"),
-    ("{name} has {a} {things} but needs {b}. how many more {things} does {name} need", "second minus first"),
-    ("{name} buys {a} bags with {b} {things} in each. how many {things} does {name} buy", "first times second"),
-    ("there are {a} rows of {b} {things}. how many {things} are there", "first times second"),
-    ("{a} {things} are shared by {b} friends. how many {things} does each friend get", "first divided by second"),
-    ("each bag holds {a} {things}. how many bags are needed for {b} {things}", "second divided by first"),
+OPERATIONS: Final = ("plus", "minus", "times", "divided")
+
+# (template, (first operation, second operation)). Templates are lower case with few distinct words: every word is a
+# token of the tiny CPU policy.
+TEMPLATES: Final[tuple[tuple[str, tuple[str, str]], ...]] = (
+    ("{name} has {a} {things} and gets {b} more, then gives away {c}. how many {things} does {name} have now",
+     ("plus", "minus")),
+    ("{name} had {a} {things} and gave away {b}, then gets {c} more. how many {things} does {name} have now",
+     ("minus", "plus")),
+    ("{name} buys {a} bags with {b} {things} in each and gets {c} more. how many {things} does {name} have now",
+     ("times", "plus")),
+    ("there are {a} rows of {b} {things} and {c} are sold. how many {things} remain", ("times", "minus")),
+    ("a box holds {a} red {things} and {b} blue {things}, shared by {c} friends. how many {things} does each "
+     "friend get", ("plus", "divided")),
+    ("there are {a} rows of {b} {things}, shared by {c} friends. how many {things} does each friend get",
+     ("times", "divided")),
+    ("{name} had {a} {things} and gave away {b}, and the rest are shared by {c} friends. how many {things} does "
+     "each friend get", ("minus", "divided")),
 )  # fmt: skip
 NAMES: Final = ("ann", "bob", "carl", "dora", "eve", "finn", "gus", "hana")
 THINGS: Final = ("apples", "coins", "books", "shells", "cards", "pens")
@@ -30,45 +37,54 @@ THINGS: Final = ("apples", "coins", "books", "shells", "cards", "pens")
 
 @dataclass(frozen=True)
 class Problem:
-    """One task: the problem text, its two numbers in order, the expression that solves it, and the answer."""
+    """One task: the problem text, its three numbers in order, the two operations that solve it, and the answer."""
 
     problem: str
-    numbers: tuple[int, int]
-    expression: str
+    numbers: tuple[int, int, int]
+    operations: tuple[str, str]
     answer: int
 
-    def as_task(self) -> dict[str, Any]:
+    def as_task(self) -> dict[str, object]:
         """The JSON-serialisable rollout input."""
         return asdict(self)
 
 
-def _numbers(expression: str, rng: random.Random) -> tuple[int, int]:
-    """Two numbers for which ``expression`` has a positive whole answer."""
-    if expression == "first divided by second":
-        second = rng.randint(2, 9)
-        return second * rng.randint(2, 9), second
-    if expression == "second divided by first":
-        first = rng.randint(2, 9)
-        return first, first * rng.randint(2, 9)
-    if expression == "first minus second":
-        second = rng.randint(1, 40)
-        return second + rng.randint(1, 40), second
-    if expression == "second minus first":
-        first = rng.randint(1, 40)
-        return first, first + rng.randint(1, 40)
-    if expression == "first times second":
-        return rng.randint(2, 12), rng.randint(2, 12)
-    return rng.randint(1, 60), rng.randint(1, 60)
+def apply(operation: str, x: float, y: float) -> float:
+    """``x <operation> y`` for one of :data:`OPERATIONS`."""
+    if operation == "divided" and y == 0:
+        raise ValueError("division by zero")
+    return {"plus": x + y, "minus": x - y, "times": x * y, "divided": x / y if y else 0.0}[operation]
 
 
-def evaluate(expression: str, first: int, second: int) -> int:
-    """The value of one of the templates' expressions."""
-    left, operator, right = expression.replace("divided by", "divided").split()
-    x, y = (first, second) if left == "first" else (second, first)
-    if right == left:
-        raise ValueError(f"expression {expression!r} uses the same number twice")
-    results = {"plus": x + y, "minus": x - y, "times": x * y, "divided": x // y}
-    return results[operator]
+def _numbers(operations: tuple[str, str], rng: random.Random) -> tuple[int, int, int]:
+    """Three numbers for which both steps give positive whole numbers."""
+    first, second = operations
+    if second == "divided":
+        c = rng.randint(2, 6)
+        if first == "times":  # a rows of b things shared by c: make a a multiple of c
+            return c * rng.randint(1, 4), rng.randint(2, 9), c
+        total = c * rng.randint(2, 9)
+        if first == "plus":
+            a = rng.randint(1, total - 1)
+            return a, total - a, c
+        b = rng.randint(1, 30)  # minus
+        return total + b, b, c
+    if first == "times":
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+    elif first == "minus":
+        b = rng.randint(1, 30)
+        a, b = b + rng.randint(2, 30), b
+    else:
+        a, b = rng.randint(1, 30), rng.randint(1, 30)
+    result = int(apply(first, a, b))
+    c = rng.randint(1, result - 1) if second == "minus" else rng.randint(1, 30)
+    return a, b, c
+
+
+def solve(operations: tuple[str, str], numbers: tuple[int, int, int]) -> int:
+    """The answer of a problem: the first operation on the first two numbers, the second on that and the third."""
+    a, b, c = numbers
+    return int(apply(operations[1], apply(operations[0], a, b), c))
 
 
 def problems(n_per_template: int, *, seed: int) -> list[Problem]:
@@ -76,10 +92,11 @@ def problems(n_per_template: int, *, seed: int) -> list[Problem]:
     rng = random.Random(seed)
     out: list[Problem] = []
     for _ in range(n_per_template):
-        for template, expression in TEMPLATES:
-            a, b = _numbers(expression, rng)
-            text = template.format(name=rng.choice(NAMES), things=rng.choice(THINGS), a=a, b=b)
-            out.append(Problem(text, (a, b), expression, evaluate(expression, a, b)))
+        for template, operations in TEMPLATES:
+            numbers = _numbers(operations, rng)
+            a, b, c = numbers
+            text = template.format(name=rng.choice(NAMES), things=rng.choice(THINGS), a=a, b=b, c=c)
+            out.append(Problem(text, numbers, operations, solve(operations, numbers)))
     return out
 
 

@@ -2,7 +2,9 @@
 
 The wiring is three things: ``agentlightning_autogen.instrument()`` (records AutoGen's agent and tool spans and every
 model call), a ``@rollout`` function that runs the unmodified agent with the rollout's model and returns 1 for the
-exact answer, and ``Trainer.fit`` with LightningRL.
+exact answer, and ``Trainer.fit`` with LightningRL. The agent's two calculator calls form one trajectory (the second
+prompt extends the first with the call and its result): ``transitions="trajectory"`` trains each problem's two
+calls as one sequence with the tool result masked out of the loss.
 
     python -m examples.calc.train                  # CPU: the tiny GPT learns the reduced task (~1-2 min)
     python -m examples.calc.train --dev            # one pass against a fake upstream; span trees printed
@@ -19,6 +21,7 @@ from rich.console import Console
 import agentlightning_autogen
 from agentlightning import LLM, rollout
 from agentlightning_trainer import LightningRLConfig
+from agentlightning_trainer.tool_calls import format_tool_call
 from examples import _training
 from examples._cli import ExampleCommand
 from examples._dev import run_dev
@@ -26,8 +29,9 @@ from examples._training import TrainOutcome
 from examples.calc import problems
 from examples.calc.agent import SYSTEM_MESSAGE, solve
 
-# Every calculation the templates need, written with the problem's numbers as first and second.
-EXPRESSIONS: Final = tuple(dict.fromkeys(expression for _, expression in problems.TEMPLATES))
+# The tiny GPT's replies: one calculator call per operation, each one token (the compact call format the policy
+# server parses into tool_calls), so a random policy can hit the right call.
+CALLS: Final = tuple(format_tool_call("calculator", {"operation": op}, compact=True) for op in problems.OPERATIONS)
 
 
 def exact_answer(answer: str, expected: float) -> float:
@@ -53,9 +57,9 @@ async def calc_agent(task: dict[str, Any], llm: LLM) -> float:
 
 def vocabulary() -> tuple[str, ...]:
     """Whole-word tokens of the tiny GPT: every word of the instructions and templates, plus one token per
-    calculation the templates need (as the quickstart's tool names: a random policy can hit one)."""
+    calculator call (as the quickstart's tool names: a random policy can hit one)."""
     texts = [SYSTEM_MESSAGE, *(template for template, _ in problems.TEMPLATES), *problems.NAMES, *problems.THINGS]
-    return _training.tiny_gpt_words(texts, whole=EXPRESSIONS, pattern=r"[a-z]+")
+    return _training.tiny_gpt_words([*texts, "tools: calculator"], whole=CALLS, pattern=r"[a-z]+")
 
 
 def cpu_tasks(seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -64,13 +68,15 @@ def cpu_tasks(seed: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]]
     return [p.as_task() for p in train], [p.as_task() for p in val]
 
 
-def cpu_config(steps: int = 40, seed: int = 0, run_dir: Path | None = None) -> LightningRLConfig:
+def cpu_config(
+    steps: int = 40, seed: int = 0, run_dir: Path | None = None, transitions: str = "trajectory"
+) -> LightningRLConfig:
     """The CPU settings: the tiny GPT with this example's words, batches sized for a 2-core machine."""
     return _training.cpu_config(
-        # The reply is one calculation token (the policy's reply_words, constrained decoding): with free 6-token
-        # replies a CI run rose only 0.00 -> 0.22; constrained, five runs rose +0.50 to +0.77 (README).
-        vocabulary(), steps=steps, seed=seed, run_dir=run_dir, max_seq_len=128, max_prompt_tokens=100,
-        reply_words=EXPRESSIONS, max_response_tokens=1,
+        # Each reply is one calculator-call token (the policy's reply_words, constrained decoding); with free
+        # replies the one-step version of this task rose only 0.00 -> 0.22 in a CI run (README).
+        vocabulary(), steps=steps, seed=seed, run_dir=run_dir, max_seq_len=160, max_prompt_tokens=130,
+        reply_words=CALLS, max_response_tokens=1, transitions=transitions,
     )  # fmt: skip
 
 
@@ -82,12 +88,17 @@ def gpu_config(model: str, *, backend: str, steps: int, seed: int = 0, run_dir: 
 
 
 def train_cpu(
-    steps: int = 40, seed: int = 0, run_dir: Path | None = None, console: Console | None = None, **options: Any
+    steps: int = 40,
+    seed: int = 0,
+    run_dir: Path | None = None,
+    console: Console | None = None,
+    transitions: str = "trajectory",
+    **options: Any,
 ) -> TrainOutcome:
     """Train the tiny GPT on the CPU task; validation (greedy) runs on held-out problems."""
     run_dir = run_dir or _training.default_run_dir("calc")
     train_tasks, val_tasks = cpu_tasks(seed)
-    config = cpu_config(steps, seed, run_dir)
+    config = cpu_config(steps, seed, run_dir, transitions)
     return _training.fit(
         config, calc_agent, train_tasks, val_tasks, instrumentation=agentlightning_autogen, run_dir=run_dir,
         console=console, **options,
@@ -105,12 +116,17 @@ def train_gpu(model: str, *, backend: str, steps: int, seed: int, run_dir: Path,
     )  # fmt: skip
 
 
-def scripted_upstream(expressions: dict[str, str]) -> Any:
-    """The fake upstream's scripted solver: the right calculation for each problem, in words."""
-    from agentlightning.testing.fake_openai import FakeReply, FakeRequest
+def scripted_upstream(operations: dict[str, list[str]]) -> Any:
+    """The fake upstream's scripted solver: for each problem, the calculator call of the step it is at."""
+    import json
+
+    from agentlightning.testing.fake_openai import FakeReply, FakeRequest, FakeToolCall
 
     def reply(request: FakeRequest) -> FakeReply:
-        return FakeReply(text=expressions.get(request.last_user_text, "first plus second"))
+        steps = operations.get(request.last_user_text, ["plus", "plus"])
+        done = sum(1 for m in request.messages if m.get("role") == "tool")
+        call = FakeToolCall("calculator", json.dumps({"operation": steps[min(done, len(steps) - 1)]}))
+        return FakeReply(tool_calls=[call])
 
     return reply
 
@@ -121,7 +137,7 @@ async def dev_async(
     """Run ``n_tasks`` problems once against the fake upstream through the LLM proxy; print each span tree."""
     del run_dir  # nothing to keep: the problems are generated in memory
     train_tasks, _ = cpu_tasks()
-    reply = scripted_upstream({t["problem"]: t["expression"] for t in train_tasks})
+    reply = scripted_upstream({t["problem"]: list(t["operations"]) for t in train_tasks})
     return await run_dev(
         calc_agent, train_tasks, reply, n_tasks=n_tasks, instrumentation=agentlightning_autogen, console=console
     )
