@@ -240,6 +240,7 @@ class LightningStoreClient(LightningStore):
         error: str | None = None,
     ) -> Attempt:
         """Store an attempt's last spans, then record its terminal status, in one request."""
+        _refuse_nonfinite(spans)
         head = orjson.dumps({"status": status, "error": error})
         body = head[:-1] + b',"spans":' + m.SPANS.dump_json(list(spans)) + b"}"
         path = f"{_attempt_path(rollout_id, attempt_id)}/finish"
@@ -266,6 +267,7 @@ class LightningStoreClient(LightningStore):
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
         """Store spans (one transaction, idempotent) and return them with their ``sequence_id``."""
         sent = list(spans)
+        _refuse_nonfinite(sent)
         body = b'{"spans":' + m.SPANS.dump_json(sent) + b"}"
         response = await self._request("POST", "/v1/spans", body=body, params={"response": "sequence_ids"})
         # The server answers a sequence id for each span stored as sent, so the spans are not parsed back here.
@@ -478,3 +480,13 @@ def _raise_client_error(response: Answer, method: str, path: str, url: str) -> N
     if code == 409:
         raise IllegalTransitionError(detail)
     raise ValueError(detail)
+
+
+def _refuse_nonfinite(spans: Sequence[Span]) -> None:
+    """Raise the stores' own error for a NaN/Infinity before sending: serialised, it would become ``null`` and the
+    server's answer would be a list of type errors instead of naming the value."""
+    from agentlightning.store._finite import nonfinite_span_error, span_has_nonfinite
+
+    for index, span in enumerate(spans):
+        if span_has_nonfinite(span):
+            raise nonfinite_span_error(span, index)

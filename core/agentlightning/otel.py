@@ -14,6 +14,8 @@ normalised as the OTLP path does, rather than failing the whole span: see :func:
 from __future__ import annotations
 
 import json
+import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
@@ -78,7 +80,7 @@ def span_from_readable(span: ReadableSpan, *, rollout_id: str | None = None, att
     links = span.links
     # Every value is of the model's type already (attributes went through _otel_attributes, ids are formatted
     # here), so the span is built without pydantic's validation, which was most of the exporter thread's time.
-    return _trusted(
+    converted = _trusted(
         Span,
         {
             "rollout_id": rollout_id,
@@ -116,8 +118,37 @@ def span_from_readable(span: ReadableSpan, *, rollout_id: str | None = None, att
             "resource": resource,
         },
     )
+    from agentlightning.store._finite import span_has_nonfinite
+
+    return _finite_span(converted) if span_has_nonfinite(converted) else converted
 
 
+def _finite_span(span: Span) -> Span:
+    """The span with each NaN/Infinity value written as text: the store refuses them (JSON has no such numbers),
+    and refusing would cost the agent every other span of the batch."""
+
+    def finite(attributes: Attributes) -> Attributes:
+        out: Attributes = {}
+        for key, value in attributes.items():
+            items = value if isinstance(value, list) else [value]
+            if any(isinstance(item, float) and not math.isfinite(item) for item in items):
+                _logger.warning("span %r: attribute %r holds NaN/Infinity; recorded as text", span.name, key)
+                out[key] = json.dumps(value)  # NaN, Infinity and -Infinity, as JavaScript writes them
+            else:
+                out[key] = value
+        return out
+
+    return span.model_copy(
+        update={
+            "attributes": finite(span.attributes),
+            "resource": finite(span.resource),
+            "events": [e.model_copy(update={"attributes": finite(e.attributes)}) for e in span.events],
+            "links": [link.model_copy(update={"attributes": finite(link.attributes)}) for link in span.links],
+        }
+    )
+
+
+_logger = logging.getLogger(__name__)
 _UNSET_STATUS = SpanStatus()  # frozen, so every span without a status may share it
 
 

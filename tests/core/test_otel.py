@@ -214,3 +214,29 @@ def test_otlp_any_values_convert_to_attributes() -> None:
 def test_otlp_garbage_bytes_are_a_clear_error() -> None:
     with pytest.raises(ValueError, match="not a serialized OTLP ExportTraceServiceRequest"):
         spans_from_otlp(b"\xff\xff\xff not protobuf")
+
+
+def test_a_nan_or_infinity_from_the_agent_is_kept_as_text_not_lost_with_its_batch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The store refuses NaN/Infinity (JSON has none); the agent's span converts with those values as text."""
+    import math
+
+    from agentlightning.store._finite import span_has_nonfinite
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("test").start_as_current_span(
+        "tool", attributes={"score": math.nan, "logprobs": (-0.5, -math.inf), "ok": 1.5}
+    ) as span:
+        span.add_event("step", {"value": math.inf})
+    (finished,) = exporter.get_finished_spans()
+    provider.shutdown()
+    with caplog.at_level("WARNING", logger="agentlightning.otel"):
+        converted = span_from_readable(finished, rollout_id="ro-1", attempt_id="at-1")
+    assert converted.attributes["score"] == "NaN" and converted.attributes["logprobs"] == "[-0.5, -Infinity]"
+    assert converted.attributes["ok"] == 1.5 and converted.events[0].attributes["value"] == "Infinity"
+    assert "'score' holds NaN/Infinity" in caplog.text
+
+    assert not span_has_nonfinite(converted)  # what every store checks before it writes a batch

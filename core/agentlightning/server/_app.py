@@ -38,7 +38,7 @@ _CLAIM_POLL_MAX_S: Final = 0.25
 _ERRORS: Final[dict[int | str, dict[str, Any]]] = {
     code: {"model": m.ErrorBody, "description": text}
     for code, text in {
-        400: "Malformed body (not JSON, not protobuf).",
+        400: "Malformed body: not JSON (nor are NaN, Infinity and numbers beyond the double range), not protobuf.",
         401: "Missing bearer token.",
         403: "Wrong bearer token.",
         404: "Unknown rollout, attempt or resources id.",
@@ -237,7 +237,11 @@ def create_app(
             "as sent, else the stored span (saves the caller from re-reading what it just sent).",
         ),
     ) -> Response:
-        """Store spans (idempotent on rollout, attempt and span id); returns them with their sequence ids."""
+        """Store spans (idempotent on rollout, attempt and span id); returns them with their sequence ids.
+
+        An attribute value that is NaN or ±Infinity cannot be stored (JSON has no such numbers): the body is refused
+        with 400 naming the span and attribute (``spans[3].attributes['gen_ai.usage.x'] is NaN; ...``).
+        """
         if len(body.spans) > max_spans_per_request:
             raise too_many_spans(len(body.spans))
         stored = await store.add_spans(body.spans)

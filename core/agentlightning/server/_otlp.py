@@ -5,6 +5,10 @@ Follows https://opentelemetry.io/docs/specs/otlp/#otlphttp: protobuf (``applicat
 4xx bodies are ``google.rpc.Status`` messages. Rollout and attempt ids come from the headers
 ``x-agentlightning-rollout-id``/``x-agentlightning-attempt-id`` when given (they then apply to every span of the
 export), else from the span or resource attributes ``agentlightning.rollout_id``/``agentlightning.attempt_id``.
+
+A double that is NaN or ±Infinity (protobuf carries them; OTLP/JSON writes them as the strings ``"NaN"``,
+``"Infinity"``) fails the whole export with 400 naming the span and attribute: the store keeps JSON, which has no
+such numbers (issue #26), and a 400 tells the exporter not to retry the same data.
 """
 
 from __future__ import annotations
@@ -29,6 +33,15 @@ from starlette.responses import Response
 from agentlightning import semconv
 from agentlightning.otel import spans_from_otlp
 from agentlightning.server._middleware import BodyTooLargeError, StoreMetrics
+from agentlightning.store._finite import (
+    NO_NONFINITE,
+    Location,
+    describe_float,
+    describe_location,
+    nonfinite_in_refused_json,
+    nonfinite_span_error,
+    span_has_nonfinite,
+)
 from agentlightning.store.base import LightningStore
 from agentlightning.types import Span
 
@@ -71,6 +84,9 @@ def add_otlp_route(
                 rollout_id=request.headers.get(semconv.HEADER_ROLLOUT_ID),
                 attempt_id=request.headers.get(semconv.HEADER_ATTEMPT_ID),
             )
+            for span in spans:
+                if span_has_nonfinite(span):
+                    raise _OtlpError(400, str(nonfinite_span_error(span)))
         except BodyTooLargeError as exc:
             return _status(413, str(exc.detail), as_json)
         except _OtlpError as exc:
@@ -102,6 +118,10 @@ def add_otlp_route(
             },
             "responses": {
                 "200": {"description": "ExportTraceServiceResponse (partial_success lists rejected spans)."},
+                "400": {
+                    "description": "google.rpc.Status: not an OTLP export, or a double that is NaN or Infinity "
+                    "(the message names the span and attribute; JSON, which the store keeps, has no such numbers)."
+                },
             },
         },
     )
@@ -136,7 +156,9 @@ def _parse_json(body: bytes) -> ExportTraceServiceRequest:
     try:
         parsed: Any = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise _OtlpError(400, f"body is not valid JSON: {exc}") from exc
+        found = nonfinite_in_refused_json(exc)
+        reason = str(exc) if found is None else _describe_otlp_nonfinite(*found)
+        raise _OtlpError(400, f"body is not valid JSON: {reason}") from exc
     if not isinstance(parsed, dict):
         raise _OtlpError(400, "body must be an OTLP ExportTraceServiceRequest JSON object")
     data = cast(dict[str, Any], parsed)
@@ -146,6 +168,28 @@ def _parse_json(body: bytes) -> ExportTraceServiceRequest:
         return json_format.ParseDict(data, ExportTraceServiceRequest(), ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, AttributeError) as exc:
         raise _OtlpError(400, f"body is not an OTLP ExportTraceServiceRequest: {exc}") from exc
+
+
+def _describe_otlp_nonfinite(data: object, location: Location, value: float) -> str:
+    """Where a bare NaN/Infinity sits in an OTLP/JSON export, with the attribute key and span name it belongs to."""
+    node = data
+    attribute: object = None
+    span: object = None
+    previous: str | int | None = None
+    for step in location:
+        if isinstance(node, dict):
+            node = cast(dict[str, Any], node).get(str(step))
+        elif isinstance(node, list) and isinstance(step, int):
+            node = cast(list[Any], node)[step]
+        if isinstance(node, dict) and isinstance(step, int):
+            holder = cast(dict[str, Any], node)
+            if previous == "attributes" and attribute is None:  # the outermost: a kvlist's keys are inside it
+                attribute = holder.get("key")
+            elif previous == "spans":
+                span = holder.get("name")
+        previous = step
+    owner = "" if attribute is None else f" (attribute {attribute!r}{'' if span is None else f' of span {span!r}'})"
+    return f"{describe_location(location)}{owner} is {describe_float(value)}; {NO_NONFINITE}"
 
 
 def _id_fields(data: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:

@@ -8,10 +8,13 @@ lock their attempts in a transaction.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
+import orjson
 from psycopg import AsyncConnection
+from pydantic import ValidationError
 
+from agentlightning.store._statemachine import validation_summary, warn_unreadable_spans
 from agentlightning.types import Span
 
 # Attempt rows are locked in id order, so two batches touching the same attempts cannot deadlock.
@@ -136,3 +139,37 @@ async def store_spans(
         else:
             await writer.execute(update, params)
     return result
+
+
+def decode_stored_spans(rollout_id: str, rows: Sequence[Sequence[Any]]) -> list[Span]:
+    """The spans of query rows (each row's first column is the stored JSON), leaving out those that do not validate.
+
+    A row that does not validate (a NaN/Infinity that pydantic wrote as ``null`` before ``add_spans`` refused them,
+    a row written by other software) would otherwise fail every query of its rollout; it is reported in one warning.
+    """
+    validate = Span.model_validate_json
+    try:
+        return [validate(row[0]) for row in rows]
+    except ValidationError:
+        pass  # some row is damaged: read them one by one (the usual query pays nothing for this)
+    spans: list[Span] = []
+    unreadable: list[str] = []
+    for row in rows:
+        try:
+            spans.append(validate(row[0]))
+        except ValidationError as exc:
+            unreadable.append(f"{_stored_ids(row[0])}: {validation_summary(exc)}")
+    warn_unreadable_spans(rollout_id, unreadable)
+    return spans
+
+
+def _stored_ids(data: bytes) -> str:
+    """``span <id> (attempt <id>)`` as far as a damaged stored span still tells them."""
+    try:
+        fields: Any = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        fields = None
+    if not isinstance(fields, dict):
+        return "a span that is not a JSON object"
+    known = cast(dict[str, Any], fields)
+    return f"span {known.get('span_id', '?')} (attempt {known.get('attempt_id', '?')})"

@@ -10,23 +10,34 @@ Rollouts are referred to by their integer ``rollouts.seq``, which is stable (an 
 Codec: a batch is the JSON of its spans' fields written by orjson, which writes what pydantic's serializer would for
 a validated span (the models have no aliases or custom serializers; tests/core/store/test_fast_paths.py checks) in
 a fraction of the time; reading it back builds models without validating them again, several times cheaper than
-``model_validate_json``. Such batches are marked ``trusted``. orjson writes integers only within 64 bits, so a batch
-it refuses is written by pydantic, untrusted, and validated when read (as are rows migrated from schema version 1
-that pydantic wrote). The stored ``sequence_id`` field is ignored: a span's sequence id is its batch's
-``first_seq`` plus its position.
+``model_validate_json``. Such batches are marked ``trusted`` (2). orjson writes integers only within 64 bits, so a
+batch it refuses is written by pydantic, untrusted (0), and validated when read (as are rows migrated from schema
+version 1 that pydantic wrote). Batches marked 1 were written by orjson before ``add_spans`` refused NaN/Infinity
+(issue #26), which both serializers write as ``null``, so they are validated when read too. The stored
+``sequence_id`` field is ignored: a span's sequence id is its batch's ``first_seq`` plus its position.
+
+A stored span that does not validate (such a ``null``, a row written by other software) is left out of
+``query_spans`` with one warning per query, instead of failing it: the rest of the rollout stays readable.
 """
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterable, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import orjson
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from agentlightning.store._sqlite_schema import SqliteTxn
-from agentlightning.store._statemachine import construct, span_attempt_not_found, span_with_sequence_id
+from agentlightning.store._statemachine import (
+    construct,
+    span_attempt_not_found,
+    span_with_sequence_id,
+    validation_summary,
+    warn_unreadable_spans,
+)
 from agentlightning.types import Span, SpanEvent, SpanLink, SpanStatus
 
 __all__ = ["add_spans", "decode_spans", "encode_spans", "query_spans"]
@@ -37,6 +48,10 @@ _EVENT_KEYS: Final = frozenset(SpanEvent.model_fields)
 _LINK_KEYS: Final = frozenset(SpanLink.model_fields)
 _NESTED_MODELS: Final = frozenset({SpanStatus, SpanEvent, SpanLink})
 _SPAN_LIST: Final = TypeAdapter(list[Span])
+# span_batches.trusted: who wrote a batch, and so whether it is validated when read (see the module docstring).
+_UNTRUSTED: Final = 0
+_TRUSTED_BEFORE_FINITE: Final = 1
+_TRUSTED: Final = 2
 
 _ROLLOUT_SEQ: Final = "(SELECT seq FROM rollouts WHERE rollout_id = attempts.rollout_id)"
 # Reserves sequence ids for a batch of new spans of one attempt and counts the batch as a heartbeat when the attempt
@@ -103,7 +118,7 @@ def _trusted_span(fields: dict[str, Any]) -> Span | None:
 
 
 def decode_spans(data: bytes | str, trusted: int, first_seq: int) -> list[Span]:
-    """The spans of one stored batch, numbered from ``first_seq``."""
+    """The spans of one stored batch, numbered from ``first_seq``; a trusted batch is not validated."""
     if not trusted:
         return [span_with_sequence_id(span, first_seq + i) for i, span in enumerate(_SPAN_LIST.validate_json(data))]
     spans: list[Span] = []
@@ -112,6 +127,79 @@ def decode_spans(data: bytes | str, trusted: int, first_seq: int) -> list[Span]:
         span = _trusted_span(fields)
         # Keys that are not the model's (a field added since it was written): validation fills in defaults.
         spans.append(span if span is not None else Span.model_validate(fields))
+    return spans
+
+
+def _stored_items(data: bytes | str) -> object:
+    """A stored batch as parsed JSON: orjson, or the stdlib for what orjson refuses (integers beyond 64 bits)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
+def _holds_null(fields: dict[str, Any]) -> bool:
+    """Whether a stored span's attribute maps hold a null: where a NaN/Infinity went before add_spans refused them."""
+    maps: list[Any] = [fields.get("attributes"), fields.get("resource")]
+    for name in ("events", "links"):
+        holders = fields.get(name)
+        if isinstance(holders, list):
+            maps += [cast(dict[str, Any], h).get("attributes") for h in cast(list[Any], holders) if isinstance(h, dict)]
+    for attributes in maps:
+        if not isinstance(attributes, dict):
+            continue  # absent (filled in by validation) or malformed (refused by it)
+        for value in cast(dict[str, Any], attributes).values():
+            if value is None:
+                return True
+            # A float list (logprobs) may hold one; integer lists (token ids, long) cannot and are not scanned.
+            if type(value) is list:
+                items = cast("list[Any]", value)
+                if items and (items[0] is None or type(items[0]) is float) and None in items:
+                    return True
+    return False
+
+
+def decode_readable_spans(data: bytes | str, trusted: int, first_seq: int, unreadable: list[str]) -> list[Span]:
+    """The spans of one stored batch that validate, for a query; each one that does not is described in ``unreadable``.
+
+    A batch written before NaN/Infinity were refused is read span by span: a span whose attributes hold a null is
+    validated (and so refused), the others are built as from any trusted batch. A batch that is not a JSON array
+    cannot be split into spans, so it is described whole and reads as empty.
+    """
+    if trusted != _TRUSTED_BEFORE_FINITE:
+        try:  # the whole batch in one call, as add_spans wrote it
+            return decode_spans(data, trusted, first_seq)
+        except Exception:  # whatever a damaged row raises, it is read span by span below and reported
+            pass
+    try:
+        items = _stored_items(data)
+    except ValueError as exc:
+        unreadable.append(f"the batch from sequence id {first_seq} (not JSON: {exc})")
+        return []
+    if not isinstance(items, list):
+        unreadable.append(f"the batch from sequence id {first_seq} (not a JSON array)")
+        return []
+    spans: list[Span] = []
+    for index, fields in enumerate(cast(list[Any], items)):
+        sequence_id = first_seq + index
+        if not isinstance(fields, dict):
+            unreadable.append(f"the span at sequence id {sequence_id} (a JSON {type(fields).__name__}, not an object)")
+            continue
+        known = cast(dict[str, Any], fields)
+        known["sequence_id"] = sequence_id
+        if trusted and not _holds_null(known):
+            try:
+                span = _trusted_span(known)
+            except (AttributeError, TypeError):  # a nested field of the wrong JSON type: validation says which
+                span = None
+            if span is not None:
+                spans.append(span)
+                continue
+        try:
+            spans.append(Span.model_validate(known))
+        except ValidationError as exc:
+            where = f"attempt {known.get('attempt_id', '?')}, sequence id {sequence_id}"
+            unreadable.append(f"span {known.get('span_id', '?')} ({where}): {validation_summary(exc)}")
     return spans
 
 
@@ -130,7 +218,9 @@ def _insert(conn: sqlite3.Connection, rollout_seq: int, attempt_seq: int, first:
     """Write the keys and the batch row of new spans numbered from ``first``."""
     conn.execute(_INSERT_KEYS, (rollout_seq, attempt_seq, first, orjson.dumps([s.span_id for s in spans]).decode()))
     data, trusted = encode_spans(spans)
-    conn.execute(_INSERT_BATCH, (rollout_seq, attempt_seq, first, first + len(spans) - 1, trusted, data))
+    # add_spans refused NaN/Infinity before any write, so an orjson batch holds no null in their place.
+    mark = _TRUSTED if trusted else _UNTRUSTED
+    conn.execute(_INSERT_BATCH, (rollout_seq, attempt_seq, first, first + len(spans) - 1, mark, data))
 
 
 def add_spans(txn: SqliteTxn, spans: Sequence[Span], keys: list[tuple[str, str]], now: int) -> list[Span]:
@@ -253,7 +343,28 @@ def query_spans(
     limit: int | None,
     offset: int,
 ) -> list[Span]:
-    """Spans of a rollout (one attempt's when ``attempt_seq`` is given) in (attempt, sequence_id) order, paged."""
+    """Spans of a rollout (one attempt's when ``attempt_seq`` is given) in (attempt, sequence_id) order, paged.
+
+    A stored span that does not validate is left out with a warning; offset and limit count the spans returned.
+    """
+    unreadable: list[str] = []
+    try:
+        return _query_spans(conn, rollout_id, attempt_seq, name, after_sequence_id, limit, offset, unreadable)
+    finally:
+        if unreadable:
+            warn_unreadable_spans(rollout_id, unreadable)
+
+
+def _query_spans(
+    conn: sqlite3.Connection,
+    rollout_id: str,
+    attempt_seq: int | None,
+    name: str | None,
+    after_sequence_id: int,
+    limit: int | None,
+    offset: int,
+    unreadable: list[str],
+) -> list[Span]:
     sql = (
         "SELECT first_seq, last_seq, trusted, data FROM span_batches "
         "WHERE rollout_seq = (SELECT seq FROM rollouts WHERE rollout_id = ?) AND last_seq > ?"
@@ -268,13 +379,14 @@ def query_spans(
     if limit is not None and limit <= 0:
         return found
     for first, last, trusted, data in conn.execute(sql, params):
-        if name is None:
-            # Pages of unfiltered spans skip whole batches without decoding them.
+        if name is None and trusted == _TRUSTED:
+            # Pages of unfiltered spans skip whole batches without decoding them; only batches known to be readable,
+            # so that the offset counts the same spans either way.
             count = last - max(first, after_sequence_id + 1) + 1
             if skip >= count:
                 skip -= count
                 continue
-        for span in decode_spans(data, trusted, first):
+        for span in decode_readable_spans(data, trusted, first, unreadable):
             if span.sequence_id <= after_sequence_id or (name is not None and span.name != name):
                 continue
             if skip:

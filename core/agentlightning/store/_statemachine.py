@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
+from agentlightning.store._finite import nonfinite_span_error, span_has_nonfinite
 from agentlightning.store.base import IllegalTransitionError, NotFoundError
 from agentlightning.types import (
     ATTEMPT_TERMINAL,
@@ -384,16 +386,47 @@ def op_check_timeouts(txn: StoreTxn, now: int) -> list[Attempt]:
 
 # --- spans -------------------------------------------------------------------------------------------------------
 def span_attempt_keys(spans: Sequence[Span]) -> list[tuple[str, str]]:
-    """Distinct (rollout_id, attempt_id) of a batch in first-seen order; ValueError if a span lacks them."""
+    """Distinct (rollout_id, attempt_id) of a batch in first-seen order.
+
+    ValueError if a span lacks them, or holds NaN/Infinity: every backend stores JSON, which has neither, so such a
+    span would be stored as something the model refuses (checked here because every ``add_spans`` calls this first).
+    """
     keys: dict[tuple[str, str], None] = {}
-    for span in spans:
+    for index, span in enumerate(spans):
         if not span.rollout_id or not span.attempt_id:
             raise ValueError(
                 f"span {span.span_id} ({span.name!r}) has no rollout_id/attempt_id; every span must name the "
                 "attempt it belongs to (set them, or emit it inside agentlightning.rollout_context)"
             )
+        if span_has_nonfinite(span):
+            raise nonfinite_span_error(span, index)
         keys[(span.rollout_id, span.attempt_id)] = None
     return list(keys)
+
+
+_UNREADABLE_SHOWN: Final = 5
+_log = logging.getLogger("agentlightning.store")
+
+
+def validation_summary(exc: ValidationError) -> str:
+    """A validation error in one line: where and what, for at most three of its errors."""
+    errors = exc.errors(include_url=False)
+    parts = [f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in errors[:3]]
+    return "; ".join(parts) + (f" (and {len(errors) - 3} more)" if len(errors) > 3 else "")
+
+
+def warn_unreadable_spans(rollout_id: str, unreadable: Sequence[str]) -> None:
+    """One warning for the stored spans a query of ``rollout_id`` left out because they do not validate."""
+    shown = "; ".join(unreadable[:_UNREADABLE_SHOWN])
+    more = f" (and {len(unreadable) - _UNREADABLE_SHOWN} more)" if len(unreadable) > _UNREADABLE_SHOWN else ""
+    _log.warning(
+        "query_spans(%s) left out %d stored span(s) that do not validate as a Span (written before NaN/Infinity "
+        "were refused, or by other software): %s%s",
+        rollout_id,
+        len(unreadable),
+        shown,
+        more,
+    )
 
 
 # --- waiting -----------------------------------------------------------------------------------------------------

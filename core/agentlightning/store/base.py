@@ -175,7 +175,9 @@ class LightningStore(ABC):
         """Store spans (one transaction) and return them with their ``sequence_id``.
 
         Idempotent on ``(rollout_id, attempt_id, span_id)``: a span already stored is returned as stored, not
-        duplicated. Every span must name an existing attempt; a span counts as a heartbeat for its attempt.
+        duplicated. Every span must name an existing attempt; a span counts as a heartbeat for its attempt. A float
+        that is NaN or ±Infinity (in attributes, events, links or resource) is refused with a ValueError naming the
+        span and attribute: spans are kept as JSON, which has no such numbers.
         """
 
     @abstractmethod
@@ -189,7 +191,11 @@ class LightningStore(ABC):
         limit: int | None = None,
         offset: int = 0,
     ) -> list[Span]:
-        """Spans of a rollout ordered by (attempt sequence, span sequence_id); ``"latest"`` = newest attempt only."""
+        """Spans of a rollout ordered by (attempt sequence, span sequence_id); ``"latest"`` = newest attempt only.
+
+        A stored span that no longer validates (written by an older version or other software) is left out with a
+        warning naming it, so the rest of the rollout stays readable.
+        """
 
     # --- queries -------------------------------------------------------------------------------------------------
     @abstractmethod

@@ -41,7 +41,7 @@ except ImportError as exc:  # the extra is missing: say which one
 
 from agentlightning.store._pg_pools import LoopPools
 from agentlightning.store._pg_schema import CLAIM_SQL, MIGRATIONS, SELECT_ROLLOUT, TERMINAL_SQL, PrefetchedTxn
-from agentlightning.store._pg_spans import store_spans
+from agentlightning.store._pg_spans import decode_stored_spans, store_spans
 from agentlightning.store._sqlite_schema import rollout_from_row
 from agentlightning.store._statemachine import (
     ChangeNotifier,
@@ -330,7 +330,11 @@ class PostgresLightningStore(LightningStore):
         limit: int | None = None,
         offset: int = 0,
     ) -> list[Span]:
-        """Spans of a rollout in (attempt, sequence_id) order, filtered and paged."""
+        """Spans of a rollout in (attempt, sequence_id) order, filtered and paged.
+
+        A stored row that does not validate is left out with a warning; limit and offset count rows, so its page
+        holds one span fewer.
+        """
 
         async def read(conn: AsyncConnection[Any]) -> list[Span]:
             txn = PrefetchedTxn()
@@ -357,7 +361,8 @@ class PostgresLightningStore(LightningStore):
             sql += " ORDER BY attempt_seq, sequence_id LIMIT %s OFFSET %s"
             params += [limit, offset]  # LIMIT NULL = no limit
             cursor = await conn.execute(sql, params, binary=True)
-            return [Span.model_validate_json(row[0]) for row in await cursor.fetchall()]
+            # A row that does not validate is left out (with a warning) rather than failing the whole query.
+            return decode_stored_spans(rollout_id, await cursor.fetchall())
 
         return await self._run(read)
 

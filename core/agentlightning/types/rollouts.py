@@ -40,9 +40,15 @@ class RolloutConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    timeout_s: float | None = Field(default=None, gt=0, description="Wall-clock limit of one attempt; None = none.")
+    # allow_inf_nan=False: "inf" (a string pydantic would coerce) is no limit in disguise, and JSON cannot hold it.
+    timeout_s: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="Wall-clock limit of one attempt; None = none."
+    )
     heartbeat_timeout_s: float | None = Field(
-        default=None, gt=0, description="An attempt silent (no span, no heartbeat) this long is unresponsive."
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="An attempt silent (no span, no heartbeat) this long is unresponsive.",
     )
     max_attempts: int = Field(default=1, ge=1, description="Attempts allowed in total, the first included.")
     retry_on: tuple[AttemptStatus, ...] = Field(
