@@ -46,7 +46,8 @@ _ROLES: tuple[Role, ...] = ("algorithm", "runner", "both")
 def open_store(
     spec: StoreSpec, *, token: str | None = None, run_dir: str | os.PathLike[str] = "runs"
 ) -> LightningStore:
-    """A store from a spec: a store as is, an ``http(s)://`` URL (client), a SQLite path, or None (new SQLite run)."""
+    """A store from a spec: a store as is, an ``http(s)://`` URL (client), a ``postgresql://`` DSN, ``sqlite:///path``
+    or a SQLite path, ``:memory:``, or None (a new SQLite run under ``run_dir``); any other ``scheme://`` is refused."""
     if isinstance(spec, LightningStore):
         return spec
     if spec is None:
@@ -61,6 +62,19 @@ def open_store(
             from agentlightning.store import InMemoryLightningStore
 
             return InMemoryLightningStore()
+        if text.startswith(("postgresql://", "postgres://")):
+            from agentlightning.server._run import open_store as open_backend
+
+            return open_backend("postgres", dsn=text)
+        if text.startswith("sqlite:///"):
+            text = text.removeprefix("sqlite:///")
+        elif "://" in text:
+            # A URL of another kind would otherwise become a SQLite file named after it (postgresql:/user@host/db).
+            scheme = text.split("://", 1)[0]
+            raise ValueError(
+                f"store {text!r}: unknown scheme {scheme!r}; use http(s)://host:port (a store server), "
+                "postgresql://user@host/db, sqlite:///path/store.db or a file path, or :memory:"
+            )
         path = Path(text)
     path.parent.mkdir(parents=True, exist_ok=True)
     from agentlightning.store.sqlite import SqliteLightningStore

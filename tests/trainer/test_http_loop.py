@@ -77,6 +77,18 @@ def test_step_without_trainable_calls_is_skipped_with_the_reason(
     assert "no trainable transitions" in caplog.text and "nobody" in caplog.text
 
 
+@pytest.mark.timeout(120)
+def test_a_run_with_nothing_to_train_stops_after_max_skipped_steps(tool_spec: PolicySpec, tmp_path: Path) -> None:
+    """It used to idle through every step (200 by default) and exit as if it had trained."""
+    config = LightningRLConfig(policy=tool_spec, steps=50, tasks_per_step=2, samples_per_task=2, agents="nobody",
+                               max_skipped_steps=3)  # fmt: skip
+    algorithm = LightningRL(config, run_dir=tmp_path, show_progress=False)
+    trainer = Trainer(algorithm, store=InMemoryLightningStore(), n_runners=4)
+    with pytest.raises(RuntimeError, match=r"3 steps in a row had nothing to train on.*nobody"):
+        trainer.fit(tool_choice_agent, tool_choice.tasks()[:2])
+    assert [m.step for m in algorithm.history] == [1, 2]  # the third skipped step stopped the run
+
+
 @pytest.mark.timeout(180)
 def test_lightning_rl_resumes_from_its_checkpoint(tool_spec: PolicySpec, tmp_path: Path) -> None:
     def fit(steps: int) -> LightningRL:

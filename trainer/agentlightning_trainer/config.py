@@ -223,6 +223,13 @@ class LightningRLConfig(BaseModel):
         default=None, description="Stop early once the EMA of train reward reaches this (benchmarks)."
     )
     ema_decay: float = Field(default=0.9, ge=0, lt=1, description="Decay of the reward EMA shown and used to stop.")
+    max_skipped_steps: int = Field(
+        default=5,
+        ge=1,
+        description="Stop the run (an error with the adapter's diagnosis) after this many steps in a row with no "
+        "trainable transition, e.g. an agent whose LLM calls bypass the proxy; the run would otherwise idle through "
+        "every step and end as if it had trained.",
+    )
     rollout_timeout_s: float = Field(default=300.0, gt=0, description="How long one step waits for its rollouts.")
 
     @model_validator(mode="after")

@@ -173,6 +173,7 @@ class LightningRL(ServedPolicyAlgorithm):
                 self.val_history.append((0, before))
                 metrics.log_validation(0, before)
             started = time.perf_counter()
+            skipped_in_a_row = 0  # steps whose batch had no trainable transition, since the last update
             for step in range(start_step + 1, cfg.steps + 1):
                 t0 = time.perf_counter()
                 chosen = pick_tasks(rng, train_tasks, cfg.tasks_per_step)
@@ -186,8 +187,17 @@ class LightningRL(ServedPolicyAlgorithm):
                 lag = 0.0
                 skipped = not batch.transitions
                 if skipped:
-                    metrics.warn(f"step {step}: skipped, {await self._diagnose(store, batch)}")
+                    diagnosis = await self._diagnose(store, batch)
+                    metrics.warn(f"step {step}: skipped, {diagnosis}")
+                    skipped_in_a_row += 1
+                    if skipped_in_a_row >= cfg.max_skipped_steps:
+                        raise RuntimeError(
+                            f"{skipped_in_a_row} steps in a row had nothing to train on; stopping instead of "
+                            f"running the other {cfg.steps - step} steps. Last diagnosis: {diagnosis}. Run `agl check "
+                            "--store ...` on the store for every problem (max_skipped_steps sets this limit)."
+                        )
                 else:
+                    skipped_in_a_row = 0
                     lag = sum(self.version - (t.policy_version or 0) for t in batch.transitions) / len(
                         batch.transitions
                     )

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from rich.console import Console
 
 from agentlightning.algorithm import Algorithm
@@ -122,3 +123,19 @@ def test_dev_shows_transitions_of_calls_through_the_proxy() -> None:
         ("succeeded", 1.0, 1, 1),
     ]
     assert "no transitions" not in out.getvalue()
+
+
+def test_store_specs_open_the_backend_they_name_and_unknown_schemes_are_refused(tmp_path: Path) -> None:
+    """`Trainer(store="postgresql://...")` used to train into a SQLite file named `postgresql:/user@localhost/agl`."""
+    from agentlightning.store.postgres import PostgresLightningStore
+    from agentlightning.trainer import open_store
+
+    store = open_store("postgresql://user@localhost/agl")  # connects lazily: nothing is reached here
+    assert isinstance(store, PostgresLightningStore)
+    sqlite = open_store(f"sqlite:///{tmp_path}/a/store.db")
+    assert isinstance(sqlite, SqliteLightningStore)
+    asyncio.run(sqlite.close())
+    assert (tmp_path / "a" / "store.db").parent.is_dir()
+    with pytest.raises(ValueError, match="unknown scheme 'redis'"):
+        open_store("redis://localhost:6379")
+    assert not Path("redis:").exists() and not Path("postgresql:").exists()
