@@ -60,13 +60,18 @@ def tasks(helper_max_tokens: int | None = None) -> list[dict[str, Any]]:
 
 @rollout
 def crew_agent(task: dict[str, Any], llm: LLM) -> float:
-    """Run the crew on one ticket (every agent on the proxied model); 1.0 when the specialist picked the team."""
+    """Run the crew on one ticket (through the proxy); 1.0 when the specialist picked the team.
+
+    Each agent calls ``llm.model_for(name)``: with ``adapter_per_agent=True`` the specialist calls its own weights
+    and the planner and critic the untouched base, so training cannot change how they behave.
+    """
     temperature = float(llm.sampling.get("temperature", 0.7))
     max_tokens = int(llm.sampling.get("max_tokens", 256))
     helper_max_tokens = task.get("helper_max_tokens") or max_tokens
+    limits = {"planner": helper_max_tokens, "specialist": max_tokens, "critic": helper_max_tokens}
     models = [
-        OpenAITextLLM(model=llm.model, base_url=llm.base_url, temperature=temperature, max_tokens=limit)
-        for limit in (helper_max_tokens, max_tokens, helper_max_tokens)  # planner, specialist, critic
+        OpenAITextLLM(model=llm.model_for(name), base_url=llm.base_url, temperature=temperature, max_tokens=limit)
+        for name, limit in limits.items()
     ]
     try:
         team = handle_ticket(task["request"], *models)
@@ -119,7 +124,8 @@ def cpu_config(steps: int, seed: int, run_dir: Path | None = None) -> Any:
     """LightningRL settings for the tiny GPT on the CPU; only the specialist's calls are trained."""
     return _training.cpu_config(
         vocabulary(), steps=steps, seed=seed, run_dir=run_dir, max_seq_len=400, agents=TRAINED_AGENTS,
-        reply_words=CPU_REPLY_WORDS, max_prompt_tokens=380, max_response_tokens=CPU_REPLY_TOKENS,
+        adapter_per_agent=True, reply_words=CPU_REPLY_WORDS, max_prompt_tokens=380,
+        max_response_tokens=CPU_REPLY_TOKENS,
         # Every ticket in every step (12 x 12 crews): each of the 12 routes gets a signal each step. A kickoff costs
         # far more than an update, so each batch is used 3 times in mini-batches of 32, and PPO's high-side clip is
         # opened to 2.0 (a sampled token's probability may triple in a step, not only grow x1.2). Measured in the

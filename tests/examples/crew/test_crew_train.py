@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentlightning.adapter import find_llm_calls
+from agentlightning.semconv import GEN_AI_RESPONSE_MODEL
 from examples.crew.train import train_cpu
 
 # 10 steps, not 8: at 8 a CI run rose only 0.25 -> 0.50 (and one in 20 seeds of the offline replay missed +0.3); at 10,
@@ -29,7 +30,10 @@ def test_cpu_training_learns_routing_and_trains_only_the_specialist(tmp_path: Pa
         adapter = outcome.algorithm.adapter
         for rollout in await outcome.store.query_rollouts(mode="train"):
             spans = await outcome.store.query_spans(rollout.rollout_id, "latest")
+            by_id = {span.span_id: span for span in spans}
             for call in find_llm_calls(spans):
+                models = {by_id[i].attributes.get(GEN_AI_RESPONSE_MODEL) for i in call.span_ids} - {None}
+                served.setdefault(call.agent_name or "?", set()).update(str(m) for m in models)
                 # planner and critic calls went through the proxy too (a call the server refused has no tokens:
                 # CrewAI's forced final answer after repeated unparsable replies can outgrow the tiny context)
                 assert call.has_token_ids or call.failed
@@ -38,7 +42,12 @@ def test_cpu_training_learns_routing_and_trains_only_the_specialist(tmp_path: Pa
                 trained[row.agent_name or "?"] = trained.get(row.agent_name or "?", 0) + 1
         return called, trained
 
+    served: dict[str, set[str]] = {}  # agent -> the model names that answered its calls
     called, trained = asyncio.run(calls_and_transitions())
+    # Per-agent weights: the specialist was answered by its own weights, the planner and critic by the untouched
+    # base in every call, so training could not change how they behave.
+    (base,) = served["planner"]
+    assert served["critic"] == {base} and "@" not in base and served["specialist"] == {f"{base}@specialist"}
     rollouts = sum(step.rollouts for step in outcome.algorithm.history)
     # every agent called the policy in every rollout (CrewAI asks again after a reply it cannot parse)...
     assert min(called["planner"], called["critic"], called["specialist"]) >= rollouts
