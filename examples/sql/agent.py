@@ -19,7 +19,8 @@ import functools
 import re
 import sqlite3
 import ssl
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, NotRequired, TypedDict
 
@@ -173,9 +174,15 @@ def failed(result: str) -> bool:
 
 @dataclass(frozen=True)
 class SqlContext:
-    """Run-scoped context of one question: the chat model every agent of the graph calls."""
+    """Run-scoped context of one question: the chat model of each agent of the graph (one model may serve all)."""
 
     model: BaseChatModel
+    """The model of every agent not in ``agent_models``."""
+    agent_models: Mapping[str, BaseChatModel] = field(default_factory=dict[str, BaseChatModel])
+
+    def model_for(self, agent: str) -> BaseChatModel:
+        """The model ``agent`` calls."""
+        return self.agent_models.get(agent, self.model)
 
 
 @functools.lru_cache(maxsize=16)
@@ -208,19 +215,23 @@ def build_sql_agent(db_path: Path, *, query_format: QueryFormat = "sql", max_rew
 
     async def writer(state: SqlState, runtime: Runtime[SqlContext]) -> dict[str, Any]:
         messages = [SystemMessage(prompts["writer"]), HumanMessage(state["question"])]
-        reply = await runtime.context.model.ainvoke(messages)
+        reply = await runtime.context.model_for("writer").ainvoke(messages)
         return {**await execute(reply.text), "rewrites": 0}
 
     async def checker(state: SqlState, runtime: Runtime[SqlContext]) -> dict[str, Any]:
         shown = f"question: {state['question']}\nquery: {state['query']}\nresult: {state['result']}"
-        reply = await runtime.context.model.ainvoke([SystemMessage(prompts["checker"]), HumanMessage(shown)])
+        reply = await runtime.context.model_for("checker").ainvoke(
+            [SystemMessage(prompts["checker"]), HumanMessage(shown)]
+        )
         return {"review": reply.text.strip()}
 
     async def rewriter(state: SqlState, runtime: Runtime[SqlContext]) -> dict[str, Any]:
         shown = f"question: {state['question']}\nquery: {state['query']}\nresult: {state['result']}"
         if not failed(state["result"]):  # a query that failed has the error instead of a review
             shown += f"\nreview: {state.get('review', '')}"
-        reply = await runtime.context.model.ainvoke([SystemMessage(prompts["rewriter"]), HumanMessage(shown)])
+        reply = await runtime.context.model_for("rewriter").ainvoke(
+            [SystemMessage(prompts["rewriter"]), HumanMessage(shown)]
+        )
         return {**await execute(reply.text), "rewrites": state.get("rewrites", 0) + 1}
 
     def review_or_fix(state: SqlState) -> str:
@@ -249,26 +260,35 @@ async def answer_question(
     *,
     base_url: str,
     model: str,
+    agent_models: Mapping[str, str] | None = None,
     api_key: str = "unused",
     query_format: QueryFormat = "sql",
     max_rewrites: int = 1,
     temperature: float = 0.0,
     max_tokens: int = 256,
 ) -> SqlState:
-    """Answer ``question`` on the database with the model at ``base_url``; returns the final state (``sql``...)."""
+    """Answer ``question`` on the database with the model at ``base_url``; returns the final state (``sql``...).
+
+    ``agent_models`` names another model of the same server for some agents (``{"writer": "sql-writer"}``); the
+    others call ``model``.
+    """
     graph = build_sql_agent(db_path, query_format=query_format, max_rewrites=max_rewrites)
     # Own HTTP clients, closed when the question is answered: ChatOpenAI would otherwise build (and cache, per
     # base URL) two fresh ones for every new base URL.
     async with openai.DefaultAsyncHttpxClient(verify=_TLS) as http_async:
         with openai.DefaultHttpxClient(verify=_TLS) as http_sync:
-            chat = ChatOpenAI(
-                model=model,
-                base_url=base_url,
-                api_key=api_key,  # pyright: ignore[reportArgumentType]  # langchain-openai types it as SecretStr
-                temperature=temperature,
-                max_tokens=max_tokens,  # pyright: ignore[reportCallIssue]  # populated by alias
-                max_retries=0,
-                http_async_client=http_async,
-                http_client=http_sync,
-            )
-            return await graph.ainvoke({"question": question}, context=SqlContext(chat))
+
+            def chat(name: str) -> ChatOpenAI:
+                return ChatOpenAI(
+                    model=name,
+                    base_url=base_url,
+                    api_key=api_key,  # pyright: ignore[reportArgumentType]  # langchain-openai types it as SecretStr
+                    temperature=temperature,
+                    max_tokens=max_tokens,  # pyright: ignore[reportCallIssue]  # populated by alias
+                    max_retries=0,
+                    http_async_client=http_async,
+                    http_client=http_sync,
+                )
+
+            models = {agent: chat(name) for agent, name in (agent_models or {}).items() if name != model}
+            return await graph.ainvoke({"question": question}, context=SqlContext(chat(model), models))

@@ -26,7 +26,7 @@ from examples._cli import ExampleCommand
 from examples._dev import run_dev
 from examples._training import TrainOutcome
 from examples.sql import data
-from examples.sql.agent import PROMPTS, QueryFormat, answer_question
+from examples.sql.agent import AGENT_NAMES, PROMPTS, QueryFormat, answer_question
 
 TRAINED_AGENTS: Final = ["writer", "rewriter"]
 # The reduced CPU task: questions answered by one of these sketches (a count of a table, an aggregate of a column).
@@ -55,6 +55,9 @@ def make_agent(db_path: Path, *, query_format: QueryFormat, max_rewrites: int = 
             db_path,
             base_url=llm.base_url,
             model=llm.model,
+            # Each trained agent calls its own weights (LightningRLConfig(adapter_per_agent=True)); the checker
+            # calls the untouched base, so training cannot change how it reviews.
+            agent_models={agent: llm.model_for(agent) for agent in AGENT_NAMES},
             query_format=query_format,
             max_rewrites=max_rewrites,
             temperature=float(llm.sampling.get("temperature", 0.0)),
@@ -83,13 +86,13 @@ def full_tasks(db_path: Path, *, seed: int = 0) -> tuple[list[dict[str, Any]], l
     return [q.as_task() for q in train], [q.as_task() for q in val]
 
 
-def cpu_config(db_path: Path, *, steps: int = 40, seed: int = 0, run_dir: Path | None = None) -> LightningRLConfig:
+def cpu_config(db_path: Path, *, steps: int = 60, seed: int = 0, run_dir: Path | None = None) -> LightningRLConfig:
     """The CPU settings: the tiny GPT with the CPU task's words (a smaller vocabulary is a likelier first hit for a
     random policy), only the writer and rewriter trained."""
     words = vocabulary([q for q in data.questions(db_path) if q.sketch in CPU_SKETCHES])
     return _training.cpu_config(
-        words, steps=steps, seed=seed, run_dir=run_dir, agents=TRAINED_AGENTS, reply_words=CPU_REPLY_WORDS,
-        max_response_tokens=2,
+        words, steps=steps, seed=seed, run_dir=run_dir, agents=TRAINED_AGENTS, adapter_per_agent=True,
+        reply_words=CPU_REPLY_WORDS, max_response_tokens=2,
     )  # fmt: skip
 
 
@@ -97,12 +100,12 @@ def gpu_config(model: str, *, backend: str, steps: int, seed: int = 0, run_dir: 
     """Settings for a Hugging Face model on a GPU (validated here; running them needs the GPU)."""
     return _training.gpu_config(
         model, backend=backend, steps=steps, seed=seed, run_dir=run_dir, agents=TRAINED_AGENTS,
-        max_prompt_tokens=1024, max_response_tokens=256,
+        adapter_per_agent=backend == "torch", max_prompt_tokens=1024, max_response_tokens=256,
     )  # fmt: skip
 
 
 def train_cpu(
-    steps: int = 40, seed: int = 0, run_dir: Path | None = None, console: Console | None = None, **options: Any
+    steps: int = 60, seed: int = 0, run_dir: Path | None = None, console: Console | None = None, **options: Any
 ) -> TrainOutcome:
     """Train the tiny GPT on the reduced task; validation (greedy) runs on the same questions."""
     run_dir = run_dir or _training.default_run_dir("sql")
@@ -164,7 +167,7 @@ COMMAND = ExampleCommand(
     "sql",
     "Train the LangGraph SQL agent (writer, checker, rewriter).",
     "execution match",
-    40,
+    60,
     train_cpu,
     train_gpu,
     dev_async,
