@@ -78,7 +78,17 @@ def _with_store(spec: str, token: str | None, work: Callable[[LightningStore], A
 
 
 # --- servers ---------------------------------------------------------------------------------------------------------
-@app.command("store")
+# Written as one line a paragraph: typer's help keeps the single line breaks of a docstring's later paragraphs.
+_STORE_HELP = (
+    "Serve a LightningStore over HTTP (REST under /v1 and OTLP/HTTP POST /v1/traces).\n\n"
+    "The server enforces the rollouts' timeouts itself, with no trainer running: every --watchdog-interval "
+    "seconds, attempts that ran past timeout_s are marked timeout, attempts silent (no span, no heartbeat) for "
+    "heartbeat_timeout_s are marked unresponsive, and their rollouts are requeued while max_attempts allows, else "
+    "failed. Several servers on one database are safe: each attempt is marked once."
+)
+
+
+@app.command("store", help=_STORE_HELP)
 def store_command(
     backend: Annotated[
         Literal["sqlite", "memory", "postgres"], typer.Option(help="Storage backend of the server.")
@@ -88,13 +98,30 @@ def store_command(
     host: Annotated[str, typer.Option(help="Interface to bind; anything but loopback requires --token.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 4747,
     token: TokenOption = None,
+    # The default is agentlightning.server.DEFAULT_WATCHDOG_INTERVAL_S, written out to keep `agl --help` light.
+    watchdog_interval: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Seconds between the server's watchdog ticks, which end attempts past timeout_s or silent for "
+            "heartbeat_timeout_s and requeue them (max_attempts). 0 turns it off (another process must then run one).",
+        ),
+    ] = 2.0,
 ) -> None:
     """Serve a LightningStore over HTTP (REST under /v1 and OTLP/HTTP POST /v1/traces)."""
     from agentlightning.server import serve_store
 
     if backend == "sqlite":
         path.parent.mkdir(parents=True, exist_ok=True)
-    serve_store(backend=backend, path=str(path), dsn=dsn, host=host, port=port, token=token)
+    serve_store(
+        backend=backend,
+        path=str(path),
+        dsn=dsn,
+        host=host,
+        port=port,
+        token=token,
+        watchdog_interval_s=watchdog_interval,
+    )
 
 
 @app.command("proxy")
@@ -103,11 +130,24 @@ def proxy_command(
     store: Annotated[str, typer.Option("--store", "-s", help="URL of the store server that receives LLM spans.")],
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 4748,
+    upstream_timeout: Annotated[
+        float,
+        typer.Option(
+            "--upstream-timeout",
+            metavar="SECONDS",
+            help="Longest wait for the model server: a whole non-streamed answer, the start of a stream and each gap "
+            "between its chunks. A call past it gets a 504 and an ERROR span.",
+        ),
+    ] = 600.0,
 ) -> None:
     """Serve the LLM proxy: records every call (with engine token ids) as a span of its rollout."""
+    if not upstream_timeout > 0 or upstream_timeout == float("inf"):
+        raise typer.BadParameter(
+            f"must be a positive number of seconds, got {upstream_timeout}", param_hint="--upstream-timeout"
+        )
     from agentlightning.proxy import serve_proxy
 
-    serve_proxy(upstream=upstream, store_url=store, host=host, port=port)
+    serve_proxy(upstream=upstream, store_url=store, host=host, port=port, upstream_timeout_s=upstream_timeout)
 
 
 # --- runners ---------------------------------------------------------------------------------------------------------

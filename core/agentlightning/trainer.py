@@ -8,7 +8,8 @@ GIL (:mod:`agentlightning._runner_processes`).
 
 Distributed case: point every process at one store (``store="http://host:4747"`` or a shared SQLite path) and give
 each a ``role``: ``"algorithm"`` (no runners), ``"runner"`` (runners only, until stopped) or ``"both"``. The
-process running the algorithm also runs the watchdog that times out silent attempts of the whole fleet.
+process running the algorithm also runs a watchdog that times out silent attempts of the whole fleet (a store served
+by ``agl store`` runs its own too; ending an attempt is one transaction, so the two never act twice).
 
 ``Trainer.dev(agent, tasks)`` runs the loop once with the :class:`BaselineAlgorithm` on an in-memory store and prints,
 per rollout, the spans captured, the rewards found and the transitions a trainer would train on.
@@ -176,8 +177,8 @@ class Trainer:
         store = self.store = open_store(self.store_spec, token=self.token, run_dir=self.run_dir)
         from agentlightning.store import Watchdog
 
-        # The algorithm's side keeps time for the whole fleet (the store server does not tick on its own): one
-        # watchdog per training run, not one per runner process.
+        # The algorithm's side keeps time for the whole fleet: a local store has no other clock, and beside a store
+        # server (which ticks on its own) a second watchdog is harmless. One per training run, not per runner.
         watchdog = Watchdog(store, self.watchdog_interval_s) if runs_algorithm else None
         runner_task: asyncio.Task[RunnerStats] | None = None
         extra: RunnerProcesses | None = None

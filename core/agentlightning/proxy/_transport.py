@@ -150,6 +150,11 @@ class LeanHTTPTransport(httpx.AsyncBaseTransport):
                 if reused and idle is not None:
                     continue
                 raise httpx.ReadError(f"the upstream {key[0]}:{key[1]} dropped the request: {exc!r}") from exc
+            except BaseException:
+                # Cancelled (the agent hung up, the proxy's deadline passed): the upstream may still answer on this
+                # socket, so it can never serve another request; closing it also tells the upstream to stop.
+                conn.close()
+                raise
             return await self._response(request, key, conn, status_line, timeouts.get("read"))
         raise AssertionError("unreachable: the second try raises or returns")
 
@@ -181,6 +186,9 @@ class LeanHTTPTransport(httpx.AsyncBaseTransport):
         except (ValueError, IndexError, OSError) as exc:
             conn.close()
             raise httpx.RemoteProtocolError(f"the upstream sent a malformed answer: {status_line!r}") from exc
+        except BaseException:  # cancelled mid-headers: the rest of the answer would desynchronise the connection
+            conn.close()
+            raise
         if request.method == "HEAD" or status in (204, 304):
             framing = 0
         stream = _Body(self, key, conn, framing, reusable=keep_alive, timeout=read_s)

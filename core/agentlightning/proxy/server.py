@@ -11,7 +11,7 @@ from typing import Any
 import uvicorn
 
 from agentlightning._loops import close_loop
-from agentlightning.proxy.app import create_proxy_app, proxy_of
+from agentlightning.proxy.app import DEFAULT_UPSTREAM_TIMEOUT_S, create_proxy_app, proxy_of
 from agentlightning.store.base import LightningStore
 
 
@@ -36,15 +36,17 @@ def serve_proxy(
     store: LightningStore | None = None,
     host: str = "127.0.0.1",
     port: int = 4748,
+    upstream_timeout_s: float = DEFAULT_UPSTREAM_TIMEOUT_S,
     **options: Any,
 ) -> None:
     """Serve the LLM proxy until interrupted; spans go to ``store`` or the store server at ``store_url``.
 
-    ``options`` are passed to :func:`agentlightning.proxy.create_proxy_app` (``request_token_ids``, ``provider``...).
+    ``upstream_timeout_s`` and ``options`` are passed to :func:`agentlightning.proxy.create_proxy_app`
+    (``request_token_ids``, ``provider``...).
     Agents then use ``http://{host}:{port}/rollout/{rollout_id}/attempt/{attempt_id}/v1`` as their OpenAI base URL
     (``LLM(base_url=..., proxied=True).base_url_for(rollout_id, attempt_id)`` builds it).
     """
-    app = create_proxy_app(_resolve_store(store, store_url), upstream, **options)
+    app = create_proxy_app(_resolve_store(store, store_url), upstream, upstream_timeout_s=upstream_timeout_s, **options)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
 
 
@@ -52,7 +54,8 @@ class ProxyServer:
     """The LLM proxy on a background thread, as a context manager: ``with ProxyServer(store, url) as proxy: ...``.
 
     The store's async methods are called on the proxy thread's event loop. Leaving the block writes every pending
-    span and stops the server.
+    span and stops the server. ``upstream_timeout_s`` and ``options`` go to
+    :func:`agentlightning.proxy.create_proxy_app`.
     """
 
     def __init__(
@@ -62,9 +65,10 @@ class ProxyServer:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
+        upstream_timeout_s: float = DEFAULT_UPSTREAM_TIMEOUT_S,
         **options: Any,
     ) -> None:
-        self.app = create_proxy_app(store, upstream_url, **options)
+        self.app = create_proxy_app(store, upstream_url, upstream_timeout_s=upstream_timeout_s, **options)
         self._host = host
         self._port = port
         self._server: uvicorn.Server | None = None

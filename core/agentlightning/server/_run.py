@@ -6,6 +6,7 @@ import asyncio
 import importlib
 import ipaddress
 import logging
+import math
 import os
 import signal
 import socket
@@ -18,11 +19,16 @@ import uvicorn
 
 from agentlightning.server._app import create_app
 from agentlightning.store.base import LightningStore
+from agentlightning.store.watchdog import Watchdog
 
 logger = logging.getLogger("agentlightning.server")
 
 TOKEN_ENV: Final = "AGENTLIGHTNING_TOKEN"
 BACKENDS: Final = ("sqlite", "memory", "postgres")
+# Seconds between the server's own watchdog ticks: an attempt is marked at most this long after its timeout. A tick
+# is one write transaction (SQLite) or one row-locking query over the live rollouts (PostgreSQL, SKIP LOCKED), so
+# every 2 s per server is one write per server against one per runner worker every 5 s (the heartbeat default).
+DEFAULT_WATCHDOG_INTERVAL_S: Final = 2.0
 
 
 def is_loopback(host: str) -> bool:
@@ -45,6 +51,25 @@ def resolve_token(host: str, token: str | None) -> str | None:
             "or bind to 127.0.0.1."
         )
     return token
+
+
+def _check_watchdog_interval(interval_s: float) -> float:
+    """``interval_s`` if it is a usable watchdog interval (0 = off); a teaching ValueError otherwise."""
+    if not (math.isfinite(interval_s) and interval_s >= 0):
+        raise ValueError(
+            f"watchdog_interval_s must be a number of seconds >= 0 (0 turns the server's watchdog off); "
+            f"got {interval_s}. Pass e.g. agl store --watchdog-interval {DEFAULT_WATCHDOG_INTERVAL_S:g}"
+        )
+    return interval_s
+
+
+def _start_watchdog(store: LightningStore, interval_s: float) -> Watchdog | None:
+    """The server's watchdog, ticking on the running loop; None when ``interval_s`` is 0."""
+    if interval_s == 0:
+        return None
+    watchdog = Watchdog(store, interval_s)
+    watchdog.start()
+    return watchdog
 
 
 def open_store(backend: str = "sqlite", *, path: str | None = None, dsn: str | None = None) -> LightningStore:
@@ -108,20 +133,31 @@ def serve_store(
     host: str = "127.0.0.1",
     port: int = 4747,
     token: str | None = None,
+    watchdog_interval_s: float = DEFAULT_WATCHDOG_INTERVAL_S,
     **app_options: Any,
 ) -> None:
-    """Serve a store over HTTP until interrupted (blocking); ``app_options`` go to :func:`create_app`."""
+    """Serve a store over HTTP until interrupted (blocking); ``app_options`` go to :func:`create_app`.
+
+    The server runs the store's watchdog every ``watchdog_interval_s`` seconds (0: never), so attempts past their
+    ``timeout_s`` or silent for ``heartbeat_timeout_s`` are ended and requeued with no trainer running.
+    """
     token = resolve_token(host, token)
+    _check_watchdog_interval(watchdog_interval_s)
     store = open_store(backend, path=path, dsn=dsn)
     app = create_app(store, token=token, **app_options)
     where = f"{backend}:{path}" if backend == "sqlite" else backend
     auth = "bearer token required" if token else "no token (loopback only)"
-    print(f"Agent Lightning store ({where}) serving at http://{_url_host(host)}:{port} — {auth}", flush=True)
+    timeouts = f"watchdog every {watchdog_interval_s:g} s" if watchdog_interval_s else "watchdog off"
+    url = f"http://{_url_host(host)}:{port}"
+    print(f"Agent Lightning store ({where}) serving at {url} — {auth}, {timeouts}", flush=True)
 
     async def run() -> None:
+        watchdog = _start_watchdog(store, watchdog_interval_s)
         try:
             await uvicorn.Server(_uvicorn_config(app, host, port, "info")).serve()
         finally:
+            if watchdog is not None:  # before the store closes: a tick must not run on a closed store
+                await watchdog.stop()
             await store.close()
 
     # uvicorn drains on SIGINT/SIGTERM, then re-raises the signal. With the default SIGTERM action that kills the
@@ -146,7 +182,8 @@ class StoreServer:
 
     ``store`` may be a factory, called on the server thread: backends holding thread-bound handles (sqlite3
     connections) are then created where they are used. The store is closed on exit when ``close_store`` is true
-    (the default for factories).
+    (the default for factories). Like :func:`serve_store` it runs the store's watchdog every
+    ``watchdog_interval_s`` seconds (0: never) while it serves.
     """
 
     def __init__(
@@ -158,13 +195,17 @@ class StoreServer:
         *,
         close_store: bool | None = None,
         startup_timeout_s: float = 10.0,
+        watchdog_interval_s: float = DEFAULT_WATCHDOG_INTERVAL_S,
         **app_options: Any,
     ) -> None:
+        """Prepare (not start) a server of ``store``; ``app_options`` go to :func:`create_app`."""
         self._store_or_factory = store
         self.host = host
         self.token = resolve_token(host, token)
         self._close_store = (not isinstance(store, LightningStore)) if close_store is None else close_store
         self._startup_timeout_s = startup_timeout_s
+        self.watchdog_interval_s = _check_watchdog_interval(watchdog_interval_s)
+        self._watchdog: Watchdog | None = None
         self._app_options = app_options
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -173,6 +214,11 @@ class StoreServer:
         self._error: BaseException | None = None
         self.store: LightningStore | None = store if isinstance(store, LightningStore) else None
         self.port = port
+
+    @property
+    def watchdog_running(self) -> bool:
+        """True while the server's watchdog is ticking."""
+        return self._watchdog is not None and self._watchdog.running
 
     @property
     def url(self) -> str:
@@ -232,12 +278,15 @@ class StoreServer:
         self._server = server
         assert self._socket is not None
         serving = asyncio.ensure_future(server.serve(sockets=[self._socket]))
+        self._watchdog = _start_watchdog(store, self.watchdog_interval_s)
         try:
             while not server.started and not serving.done():  # noqa: ASYNC110 - uvicorn offers a flag, no event
                 await asyncio.sleep(0.005)
             self._ready.set()
             await serving
         finally:
+            if self._watchdog is not None:  # before the store closes: a tick must not run on a closed store
+                await self._watchdog.stop()
             if self._close_store:
                 await store.close()
 

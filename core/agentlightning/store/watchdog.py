@@ -1,4 +1,12 @@
-"""Watchdog: an asyncio task that calls :meth:`LightningStore.check_timeouts` periodically."""
+"""Watchdog: an asyncio task that calls :meth:`LightningStore.check_timeouts` periodically.
+
+The store server runs one for its whole life (``agl store --watchdog-interval``), so timeouts hold with no trainer
+running; the trainer's algorithm side runs another. Any number of watchdogs may watch one database: each tick is
+one call of the store's own atomic ``check_timeouts``, which reads the live attempts and ends them inside one write
+transaction (SQLite: ``BEGIN IMMEDIATE``, the database's single write lock; PostgreSQL: the rollouts' row locks,
+``FOR UPDATE SKIP LOCKED``, and the attempts read again after locking). A watchdog that comes second finds the
+attempt already ended, so every attempt is marked once and its rollout requeued or failed once.
+"""
 
 from __future__ import annotations
 
