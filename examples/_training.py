@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from agentlightning import Trainer
-from agentlightning.store.base import LightningStore
+from agentlightning.store import LightningStore, open_store
 from agentlightning_trainer import LightningRL, LightningRLConfig, PolicySpec
 
 
@@ -112,8 +112,6 @@ def fit(
     each of the ``runner_processes - 1`` extra runner processes, which need a store file: ``:memory:`` becomes
     ``run_dir/store.db``).
     """
-    from agentlightning.trainer import open_store
-
     if config.policy.kind == "tiny_gpt":
         import torch
 

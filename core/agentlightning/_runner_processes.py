@@ -102,7 +102,7 @@ def _run_child(
 ) -> None:
     """A runner process: run ``setup``, then ``n_runners`` workers until the stop event (or the parent's death)."""
     from agentlightning.runner import Runner
-    from agentlightning.trainer import open_store
+    from agentlightning.store import open_store
 
     # ^C at a terminal reaches the whole process group: the Trainer's process handles it and stops this one through
     # the event, after its current attempts, instead of each process dying mid-attempt with its own traceback.

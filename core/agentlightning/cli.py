@@ -41,7 +41,13 @@ app = typer.Typer(
 )
 
 StoreOption = Annotated[
-    str, typer.Option("--store", "-s", help="Store URL (http://host:port) or SQLite file path.", show_default=True)
+    str,
+    typer.Option(
+        "--store",
+        "-s",
+        help="Store: http(s)://host:port, postgresql://user@host/db, or a SQLite file path.",
+        show_default=True,
+    ),
 ]
 TokenOption = Annotated[
     str | None, typer.Option("--token", envvar=TOKEN_ENV, help=f"Bearer token of the store server (env {TOKEN_ENV}).")
@@ -55,18 +61,25 @@ def _console() -> Console:
 
 
 def _open_inspected_store(spec: str, token: str | None) -> LightningStore:
-    """A store to read: a URL, or an existing SQLite file (never create an empty one by mistake)."""
-    from agentlightning.trainer import open_store
+    """A store to read: a URL or DSN, or an existing SQLite file (never create an empty one by mistake)."""
+    from agentlightning.store import open_store
 
-    if not spec.startswith(("http://", "https://")) and not Path(spec).exists():
+    path = spec.removeprefix("sqlite:///")
+    if "://" not in path and not Path(path).exists():
         raise typer.BadParameter(
             f"no SQLite store at {spec!r}; pass an existing store file, or the URL of a running `agl store`",
             param_hint="--store",
         )
-    return open_store(spec, token=token)
+    try:
+        return open_store(spec, token=token)
+    except ValueError as exc:  # an unknown scheme: the message lists the forms
+        raise typer.BadParameter(str(exc), param_hint="--store") from exc
 
 
 def _with_store(spec: str, token: str | None, work: Callable[[LightningStore], Awaitable[T]]) -> T:
+    """Run ``work`` on the store at ``spec``; an unreachable server is one line on stderr and exit 1, not a traceback."""
+    from agentlightning.client import StoreUnavailableError
+
     async def run() -> T:
         store = _open_inspected_store(spec, token)
         try:
@@ -74,7 +87,11 @@ def _with_store(spec: str, token: str | None, work: Callable[[LightningStore], A
         finally:
             await store.close()
 
-    return asyncio.run(run())
+    try:
+        return asyncio.run(run())
+    except StoreUnavailableError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 # --- servers ---------------------------------------------------------------------------------------------------------
@@ -234,7 +251,7 @@ async def _run_runner(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from agentlightning.runner import AttemptOutcome, Runner
-    from agentlightning.trainer import open_store
+    from agentlightning.store import open_store
 
     store = open_store(store_spec, token=token)
     with Progress(
@@ -418,7 +435,8 @@ def dev_command(
     workers: Annotated[int, typer.Option(min=1, help="Concurrent runner workers.")] = 4,
     timeout: Annotated[float | None, typer.Option(help="Per-attempt timeout in seconds.")] = None,
     store: Annotated[
-        str | None, typer.Option("--store", "-s", help="Store URL or SQLite path; default: in memory.")
+        str | None,
+        typer.Option("--store", "-s", help="Store URL, postgresql:// DSN or SQLite path; default: in memory."),
     ] = None,
 ) -> None:
     """Run each task once with the baseline algorithm; print spans, rewards and transitions per rollout."""
@@ -490,7 +508,11 @@ def train_command(
     val_tasks: Annotated[Path | None, typer.Option(help="Validation tasks, JSON Lines.")] = None,
     store: Annotated[
         str | None,
-        typer.Option("--store", "-s", help="Store URL or SQLite path; default: a new runs/<timestamp>/store.db."),
+        typer.Option(
+            "--store",
+            "-s",
+            help="Store URL, postgresql:// DSN or SQLite path; default: a new runs/<timestamp>/store.db.",
+        ),
     ] = None,
     role: Annotated[
         Literal["both", "algorithm", "runner"], typer.Option(help="What this process runs against the store.")

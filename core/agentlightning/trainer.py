@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentlightning.algorithm import Algorithm
 from agentlightning.runner import Runner, RunnerStats
-from agentlightning.store.base import LightningStore
+from agentlightning.store import LightningStore, StoreSpec, open_store
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -40,47 +38,7 @@ if TYPE_CHECKING:
 # Ids are copied from this table into `agl spans`: never break them across lines.
 _ID_COLUMNS = frozenset({"rollout"})
 Role = Literal["algorithm", "runner", "both"]
-StoreSpec = LightningStore | str | os.PathLike[str] | None
 _ROLES: tuple[Role, ...] = ("algorithm", "runner", "both")
-
-
-def open_store(
-    spec: StoreSpec, *, token: str | None = None, run_dir: str | os.PathLike[str] = "runs"
-) -> LightningStore:
-    """A store from a spec: a store as is, an ``http(s)://`` URL (client), a ``postgresql://`` DSN, ``sqlite:///path``
-    or a SQLite path, ``:memory:``, or None (a new SQLite run under ``run_dir``); any other ``scheme://`` is refused."""
-    if isinstance(spec, LightningStore):
-        return spec
-    if spec is None:
-        path = Path(run_dir) / time.strftime("%Y%m%d-%H%M%S") / "store.db"
-    else:
-        text = os.fspath(spec)
-        if text.startswith(("http://", "https://")):
-            from agentlightning.client import LightningStoreClient
-
-            return LightningStoreClient(text, token=token)
-        if text == ":memory:":
-            from agentlightning.store import InMemoryLightningStore
-
-            return InMemoryLightningStore()
-        if text.startswith(("postgresql://", "postgres://")):
-            from agentlightning.server._run import open_store as open_backend
-
-            return open_backend("postgres", dsn=text)
-        if text.startswith("sqlite:///"):
-            text = text.removeprefix("sqlite:///")
-        elif "://" in text:
-            # A URL of another kind would otherwise become a SQLite file named after it (postgresql:/user@host/db).
-            scheme = text.split("://", 1)[0]
-            raise ValueError(
-                f"store {text!r}: unknown scheme {scheme!r}; use http(s)://host:port (a store server), "
-                "postgresql://user@host/db, sqlite:///path/store.db or a file path, or :memory:"
-            )
-        path = Path(text)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    from agentlightning.store.sqlite import SqliteLightningStore
-
-    return SqliteLightningStore(path)
 
 
 @dataclass(frozen=True)

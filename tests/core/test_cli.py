@@ -90,6 +90,8 @@ def test_rollouts_lists_a_seeded_store(seeded: tuple[Path, list[str]]) -> None:
     assert "ZeroDivisionError: division by zero" in result.output
     only_failed = CliRunner().invoke(app, ["rollouts", "--store", str(path), "--status", "failed"], env=WIDE)
     assert bad in only_failed.output and ok not in only_failed.output
+    as_url = CliRunner().invoke(app, ["rollouts", "--store", f"sqlite:///{path}"], env=WIDE)  # the factory's form
+    assert as_url.exit_code == 0 and ok in as_url.output, as_url.output
 
 
 def test_spans_lists_a_rollout(seeded: tuple[Path, list[str]]) -> None:
@@ -102,8 +104,24 @@ def test_spans_lists_a_rollout(seeded: tuple[Path, list[str]]) -> None:
 def test_inspection_errors_teach(tmp_path: Path, seeded: tuple[Path, list[str]]) -> None:
     missing = CliRunner().invoke(app, ["rollouts", "--store", str(tmp_path / "nope.db")], env=WIDE)
     assert missing.exit_code != 0 and "agl store" in missing.output
+    missing_url = CliRunner().invoke(app, ["rollouts", "--store", f"sqlite:///{tmp_path}/nope.db"], env=WIDE)
+    assert missing_url.exit_code != 0 and "no SQLite store" in missing_url.output
+    assert not (tmp_path / "nope.db").exists()
+    redis = CliRunner().invoke(app, ["rollouts", "--store", "redis://h:1"], env=WIDE)
+    assert redis.exit_code == 2 and "unknown scheme 'redis'" in redis.output
     unknown = CliRunner().invoke(app, ["spans", "ro-unknown", "--store", str(seeded[0])], env=WIDE)
     assert unknown.exit_code == 1 and "ro-unknown" in unknown.output
+
+
+def test_an_unreachable_store_is_one_line_not_a_traceback() -> None:
+    agl = [sys.executable, "-m", "agentlightning.cli"]
+    for command in (["rollouts"], ["spans", "ro-x"], ["check"]):
+        done = subprocess.run([*agl, *command, "--store", "http://127.0.0.1:9"], capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr and done.stdout == ""
+        [line] = done.stderr.splitlines()
+        assert line.startswith("error: store server at http://127.0.0.1:9") and "agl store" in line
 
 
 def test_check_exits_non_zero_when_nothing_is_trainable(seeded: tuple[Path, list[str]]) -> None:

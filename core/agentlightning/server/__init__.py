@@ -21,7 +21,6 @@ from agentlightning.server._run import (
     TOKEN_ENV,
     StoreServer,
     is_loopback,
-    open_store,
     serve_store,
 )
 
@@ -34,6 +33,5 @@ __all__ = [
     "StoreServer",
     "create_app",
     "is_loopback",
-    "open_store",
     "serve_store",
 ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib
 import ipaddress
 import logging
 import math
@@ -18,7 +17,7 @@ from typing import Any, Final
 import uvicorn
 
 from agentlightning.server._app import create_app
-from agentlightning.store.base import LightningStore
+from agentlightning.store import LightningStore, open_store
 from agentlightning.store.watchdog import Watchdog
 
 logger = logging.getLogger("agentlightning.server")
@@ -72,30 +71,20 @@ def _start_watchdog(store: LightningStore, interval_s: float) -> Watchdog | None
     return watchdog
 
 
-def open_store(backend: str = "sqlite", *, path: str | None = None, dsn: str | None = None) -> LightningStore:
-    """A store backend by name: ``sqlite`` (at ``path``) or ``memory``."""
+def _store_spec(backend: str, path: str | None, dsn: str | None) -> str:
+    """``agl store``'s ``--backend``/``--path``/``--dsn`` as the spec :func:`agentlightning.store.open_store` takes."""
     if backend == "sqlite":
-        from agentlightning.store.sqlite import SqliteLightningStore
-
         if path is None:
             raise ValueError("the sqlite backend needs a path, e.g. path='runs/store.db'")
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        return SqliteLightningStore(path)
+        return f"sqlite:///{path}"
     if backend == "memory":
-        from agentlightning.store.memory import InMemoryLightningStore
-
-        return InMemoryLightningStore()
+        return "memory:"
     if backend in ("postgres", "postgresql"):
         if not dsn:
             raise ValueError("the postgres backend needs a dsn, e.g. dsn='postgresql://user@host/agentlightning'")
-        try:  # imported by name: the backend is optional and may be absent from this installation
-            module = importlib.import_module("agentlightning.store.postgres")
-        except ImportError as exc:
-            raise ValueError(
-                "the postgres backend is not available in this installation; use backend='sqlite' on one machine"
-            ) from exc
-        store_class: Callable[[str], LightningStore] = module.PostgresLightningStore
-        return store_class(dsn)
+        if not dsn.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"dsn {dsn!r} is not a PostgreSQL URL; use postgresql://user@host/db")
+        return dsn
     raise ValueError(f"unknown store backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
@@ -143,7 +132,7 @@ def serve_store(
     """
     token = resolve_token(host, token)
     _check_watchdog_interval(watchdog_interval_s)
-    store = open_store(backend, path=path, dsn=dsn)
+    store = open_store(_store_spec(backend, path, dsn))
     app = create_app(store, token=token, **app_options)
     where = f"{backend}:{path}" if backend == "sqlite" else backend
     auth = "bearer token required" if token else "no token (loopback only)"

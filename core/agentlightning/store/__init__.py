@@ -1,5 +1,6 @@
-"""LightningStore: the rollout queue, attempts, spans and versioned resources."""
+"""LightningStore: the rollout queue, attempts, spans and versioned resources; `open_store` opens one by spec."""
 
+from agentlightning.store._factory import StoreSpec, open_store
 from agentlightning.store.base import (
     IllegalTransitionError,
     LightningStore,
@@ -19,7 +20,9 @@ __all__ = [
     "NotFoundError",
     "SqliteLightningStore",
     "StoreError",
+    "StoreSpec",
     "StoreStatistics",
     "SyncLightningStore",
     "Watchdog",
+    "open_store",
 ]

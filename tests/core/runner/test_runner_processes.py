@@ -134,7 +134,9 @@ from tests.core.runner.agents import reporting
 
 if __name__ == "__main__":
     trainer = Trainer(BaselineAlgorithm(), store=sys.argv[1], n_runners=2, runner_processes=2)
-    trainer.fit(reporting, [{"i": i, "sleep": 0.5} for i in range(400)])
+    # Far more work than the test waits for: on a loaded machine the second process took long enough to start
+    # that 400 rollouts had all finished before the ^C was sent (a CI run).
+    trainer.fit(reporting, [{"i": i, "sleep": 0.5} for i in range(4000)])
 """
 
 

@@ -127,8 +127,8 @@ def test_dev_shows_transitions_of_calls_through_the_proxy() -> None:
 
 def test_store_specs_open_the_backend_they_name_and_unknown_schemes_are_refused(tmp_path: Path) -> None:
     """`Trainer(store="postgresql://...")` used to train into a SQLite file named `postgresql:/user@localhost/agl`."""
+    from agentlightning.store import open_store
     from agentlightning.store.postgres import PostgresLightningStore
-    from agentlightning.trainer import open_store
 
     store = open_store("postgresql://user@localhost/agl")  # connects lazily: nothing is reached here
     assert isinstance(store, PostgresLightningStore)

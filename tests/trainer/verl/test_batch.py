@@ -96,7 +96,8 @@ def test_observation_tokens_attend_but_do_not_train() -> None:
     assert b["attention_mask"][0, 2:].tolist() == [1, 1, 1, 1, 1]
     assert b["response_mask"].tolist() == [[1, 1, 0, 0, 1]]
     assert b["advantages"].tolist() == [[1.0, 1.0, 0.0, 0.0, 1.0]]
-    assert b["token_level_scores"].tolist() == [[0.0, 0.0, 0.0, 0.0, 1.0]]
+    # the merged row's reward is the mean of its calls' credit (0.0 and 1.0), on its last token
+    assert b["token_level_scores"].tolist() == [[0.0, 0.0, 0.0, 0.0, 0.5]]
     assert b["rollout_log_probs"][0].tolist() == pytest.approx([-0.1, -0.2, 0.0, 0.0, -0.3])
 
 
