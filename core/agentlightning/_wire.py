@@ -29,8 +29,9 @@ ERROR_KIND_HEADER: Final = "x-agentlightning-error"
 
 
 class _Body(BaseModel):
-    # Unknown fields are rejected so that a typo ("timeout" for "timeout_s") fails loudly instead of being ignored.
-    model_config = ConfigDict(extra="forbid")
+    # Unknown fields are rejected so that a typo ("timeout" for "timeout_s") fails loudly instead of being ignored;
+    # strict types, as the OpenAPI spec says them: `"start": 0` or `"timeout_s": false` is a 422, not a coercion.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class EnqueueRolloutsBody(_Body):

@@ -77,7 +77,7 @@ def _open_inspected_store(spec: str, token: str | None) -> LightningStore:
 
 
 def _with_store(spec: str, token: str | None, work: Callable[[LightningStore], Awaitable[T]]) -> T:
-    """Run ``work`` on the store at ``spec``; an unreachable server is one line on stderr and exit 1, not a traceback."""
+    """Run ``work`` on the store at ``spec``; an unreachable server is one line on stderr and exit 1 (no traceback)."""
     from agentlightning.client import StoreUnavailableError
 
     async def run() -> T:

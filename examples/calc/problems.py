@@ -15,13 +15,15 @@ from typing import Final
 OPERATIONS: Final = ("plus", "minus", "times", "divided")
 
 # (template, (first operation, second operation)). Templates are lower case with few distinct words: every word is a
-# token of the tiny CPU policy.
+# token of the tiny CPU policy. A first step and a second step never share their cue words ("gets ... more" is always
+# a first step, "finds ... more" a second): mirrored stories (plus then minus, minus then plus) would otherwise differ
+# only in word order, which a 2-layer policy learns far slower (a CI run rose only 0.07 -> 0.36 in 40 steps).
 TEMPLATES: Final[tuple[tuple[str, tuple[str, str]], ...]] = (
-    ("{name} has {a} {things} and gets {b} more, then gives away {c}. how many {things} does {name} have now",
+    ("{name} has {a} {things} and gets {b} more, then loses {c}. how many {things} does {name} have now",
      ("plus", "minus")),
-    ("{name} had {a} {things} and gave away {b}, then gets {c} more. how many {things} does {name} have now",
+    ("{name} had {a} {things} and gave away {b}, then finds {c} more. how many {things} does {name} have now",
      ("minus", "plus")),
-    ("{name} buys {a} bags with {b} {things} in each and gets {c} more. how many {things} does {name} have now",
+    ("{name} buys {a} bags with {b} {things} in each and finds {c} more. how many {things} does {name} have now",
      ("times", "plus")),
     ("there are {a} rows of {b} {things} and {c} are sold. how many {things} remain", ("times", "minus")),
     ("a box holds {a} red {things} and {b} blue {things}, shared by {c} friends. how many {things} does each "

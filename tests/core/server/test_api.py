@@ -90,6 +90,10 @@ async def test_malformed_json_is_400_and_store_unchanged(api: httpx.AsyncClient,
         ("/v1/rollouts", {"requests": [{"input": 1, "config": {"max_attempts": "many"}}]}, "max_attempts"),
         ("/v1/rollouts", {"requests": [], "extra": 1}, "extra"),
         ("/v1/rollouts/claim", {"timeout_s": -1}, "timeout_s"),
+        # strict as the spec says: booleans and numbers are not each other (issue 26 D7)
+        ("/v1/rollouts/claim", {"start": 0}, "start"),
+        ("/v1/rollouts/claim", {"timeout_s": False}, "timeout_s"),
+        ("/v1/rollouts/claim", {"worker_id": 7}, "worker_id"),
         ("/v1/rollouts/query", {"limit": 2**70}, "limit"),
         ("/v1/spans", {"spans": [{"name": 3}]}, "rollout_id"),
     ],
@@ -102,6 +106,11 @@ async def test_wrong_types_are_422_naming_the_field(
     assert response.status_code == 422, response.text
     assert names in response.json()["detail"]
     assert await _snapshot(store) == before
+
+
+async def test_strict_bodies_still_take_ints_for_floats(api: httpx.AsyncClient) -> None:
+    response = await api.post("/v1/rollouts/claim", json={"timeout_s": 0, "start": True})
+    assert response.status_code == 200, response.text
 
 
 async def test_unknown_ids_are_404_with_the_id(api: httpx.AsyncClient, store: InMemoryLightningStore) -> None:

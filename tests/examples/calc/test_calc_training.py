@@ -1,5 +1,5 @@
 """CI runs the calc example's CPU mode (two tool turns, trained per trajectory) with a step budget: validation reward
-must rise by at least 0.3. Measured: seed 0 rose 0.07 -> 0.86 in 40 steps (README)."""
+must rise by at least 0.3. Measured: seeds 0/1/2 rose +0.50/+0.57/+0.64 in 40 steps (README)."""
 
 from __future__ import annotations
 
