@@ -307,6 +307,7 @@ def rollouts_command(
     token: TokenOption = None,
 ) -> None:
     """List a store's rollouts, newest first, with attempts, final reward and the last error."""
+    from rich.markup import escape
     from rich.table import Table
 
     from agentlightning.algorithms.baseline import rollout_reward
@@ -318,7 +319,7 @@ def rollouts_command(
             sort="desc",
             limit=limit,
         )
-        table = Table(title=f"rollouts in {store} (newest {limit})")
+        table = Table(title=escape(f"rollouts in {store} (newest {limit})"))
         for column in ("rollout", "status", "mode", "attempts", "reward", "enqueued UTC", "last error"):
             table.add_column(column, overflow="fold", no_wrap=column not in _WRAPPING_COLUMNS)
         for rollout in rollouts:
@@ -331,7 +332,7 @@ def rollouts_command(
                 str(len(attempts)),
                 "-" if reward is None else f"{reward:.4f}",
                 _format_time(rollout.enqueue_time),
-                (attempts[-1].error or "") if attempts else "",
+                escape((attempts[-1].error or "") if attempts else ""),
             )
         return table
 
@@ -361,6 +362,7 @@ def spans_command(
     token: TokenOption = None,
 ) -> None:
     """List the spans of one rollout in store order."""
+    from rich.markup import escape
     from rich.table import Table
 
     async def work(s: LightningStore) -> Table:
@@ -375,11 +377,11 @@ def spans_command(
             cells = [
                 str(span.sequence_id),
                 span.attempt_id,
-                span.name,
+                escape(span.name),
                 span.span_id,
                 span.parent_id or "-",
                 "-" if duration is None else f"{duration * 1000:.1f}",
-                _span_summary(span),
+                escape(_span_summary(span)),
             ]
             table.add_row(*(cells if every else cells[:1] + cells[2:]))
         return table
@@ -387,7 +389,7 @@ def spans_command(
     try:
         _console().print(_with_store(store, token, work))
     except ValueError as exc:  # unknown rollout/attempt: the store's message says which ids exist
-        _console().print(f"[red]{exc}[/red]")
+        _console().print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(1) from exc
 
 

@@ -283,24 +283,27 @@ async def _inspect(store: LightningStore, rollout_id: str) -> DevRow:
 
 
 def _print_dev(console: Console, rows: list[DevRow]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title="agl dev: what the trainer would see")
-    for column in ("rollout", "status", "spans", "rewards", "final reward", "transitions", "with token ids", "error"):
-        table.add_column(column, overflow="fold", no_wrap=column in _ID_COLUMNS)
+    # Five short columns and the errors under the table: at 80 columns an error column got 2 characters and
+    # "succeeded" wrapped over three lines.
+    table = Table(title="agl dev: what the trainer would see", caption="calls: transitions with token ids / all")
+    for column in ("rollout", "status", "spans", "reward", "calls"):
+        table.add_column(column, no_wrap=True, justify="left" if column in (*_ID_COLUMNS, "status") else "right")
     for row in rows:
         colour = "green" if row.status == "succeeded" else "red"
         table.add_row(
             row.rollout_id,
             f"[{colour}]{row.status}[/{colour}]",
             str(row.spans),
-            str(row.rewards),
             "-" if row.final_reward is None else f"{row.final_reward:.4f}",
-            str(row.transitions),
-            str(row.transitions_with_token_ids),
-            row.error or "",
+            f"{row.transitions_with_token_ids}/{row.transitions}",
         )
     console.print(table)
+    for row in rows:
+        if row.error:  # user and package text: escaped, so "[langchain]" or "[/]" print as written
+            console.print(f"[red]{row.rollout_id}[/red]: {escape(row.error)}", soft_wrap=True)
     if rows and not any(row.transitions for row in rows):
         console.print(
             "[yellow]no transitions: no LLM calls with token ids were recorded. Route the agent's LLM through "

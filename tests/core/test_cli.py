@@ -127,6 +127,8 @@ def test_an_unreachable_store_is_one_line_not_a_traceback() -> None:
 def test_check_exits_non_zero_when_nothing_is_trainable(seeded: tuple[Path, list[str]]) -> None:
     result = CliRunner().invoke(app, ["check", "--store", str(seeded[0])], env=WIDE)
     assert result.exit_code == 1, result.output
+    # the fix's pip extras survive rich (its markup used to eat "[langchain]": `pip install "agent-lightning", , , )`)
+    assert 'pip install "agent-lightning[langchain]", [autogen], [openai-agents], [crewai]' in result.output
 
 
 AGENT_MODULE = """
@@ -153,6 +155,30 @@ def test_dev_runs_a_tiny_agent_module(tmp_path: Path, monkeypatch: pytest.Monkey
     assert result.output.count("succeeded") >= 3
     assert "1.0000" in result.output and "0.0000" in result.output  # rewards found per rollout
     assert "no transitions" in result.output  # no LLM calls: dev says what to do about it
+
+
+FAILING_MODULE = """
+from agentlightning import rollout
+
+@rollout
+def broken(task):
+    raise RuntimeError("tool [search] failed: " + "x" * 60)
+"""
+
+
+def test_dev_table_reads_at_80_columns_and_prints_errors_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "broken_agent_mod.py").write_text(FAILING_MODULE)
+    (tmp_path / "tiny_agent_mod.py").write_text(AGENT_MODULE)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"q": "easy"}\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for agent, status in (("broken_agent_mod:broken", "failed"), ("tiny_agent_mod:tiny", "succeeded")):
+        result = CliRunner().invoke(app, ["dev", "--agent", agent, "--tasks", str(tasks)], env={"COLUMNS": "80"})
+        rows = [line for line in result.output.splitlines() if line[:1] in "┏┃┡│└"]  # the tables' lines
+        assert rows and max(len(line) for line in rows) <= 80, result.output
+        assert any(status in line and "ro-" in line for line in rows), result.output  # not wrapped over lines
+        if status == "failed":  # the error whole, markup and all, under the table
+            assert "RuntimeError: tool [search] failed: " + "x" * 60 in result.output.replace("\n", "")
 
 
 def test_dev_rejects_a_bad_agent_spec(tmp_path: Path) -> None:

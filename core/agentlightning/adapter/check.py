@@ -85,9 +85,11 @@ class CheckReport:
 
     def render(self, console: Console) -> None:
         """Print the report as a rich table, then the summary line."""
+        from rich.markup import escape
         from rich.table import Table
 
-        table = Table(title=f"agl check: {self.selection}", show_lines=True)
+        # Fix lines hold package text such as pip extras ("agent-lightning[langchain]"): escaped, or rich eats them.
+        table = Table(title=escape(f"agl check: {self.selection}"), show_lines=True)
         for column in ("rollout", "status", "calls", "selected", "token ids", "rewards", "too long", "ok", "fix"):
             table.add_column(column, overflow="fold", no_wrap=column in ("rollout", "status"))
         for r in self.rollouts:
@@ -100,13 +102,13 @@ class CheckReport:
                 str(r.rewards_found),
                 f"{r.long_prompts}p {r.long_responses}r" if r.long_prompts or r.long_responses else "-",
                 "[green]yes[/]" if r.trainable else "[red]no[/]",
-                "\n".join(r.problems) or "-",
+                escape("\n".join(r.problems)) or "-",
             )
         for rid in self.missing_rollout_ids:
             table.add_row(rid, "missing", "-", "-", "-", "-", "-", "[red]no[/]", "not found in the store")
         console.print(table)
         style = "green" if self.trainable else "red"
-        console.print(f"[{style}]{self.summary()}[/]")
+        console.print(f"[{style}]{escape(self.summary())}[/]")
 
 
 async def check_store(
