@@ -187,6 +187,16 @@ def runner_command(
     ray_address: Annotated[
         str | None, typer.Option(envvar="RAY_ADDRESS", help="Ray cluster address with --ray; default: a local one.")
     ] = None,
+    max_store_outage: Annotated[
+        float,
+        typer.Option(
+            "--max-store-outage",
+            metavar="SECONDS",
+            min=0,
+            help="Stop with exit code 1 when the store has been unreachable this long (0: retry forever). "
+            "Enough for a store restart; one log line when it goes and one when it is back.",
+        ),
+    ] = 300.0,
 ) -> None:
     """Claim rollouts from a store and run the agent on them until stopped (^C, SIGTERM) or --max-rollouts."""
     from agentlightning.agent import load_agent
@@ -198,7 +208,7 @@ def runner_command(
         raise typer.Exit(run_fleet_command(store, agent, processes, workers, max_rollouts, token, ray_address))
     if processes > 1:
         child_args = ["runner", "--store", store, "--agent", agent, "--workers", str(workers)]
-        child_args += ["--heartbeat-interval", str(heartbeat_interval)]
+        child_args += ["--heartbeat-interval", str(heartbeat_interval), "--max-store-outage", str(max_store_outage)]
         if max_rollouts is not None:
             child_args += ["--max-rollouts", str(max_rollouts)]
         # The token travels in the children's environment: argv is readable by every user (/proc/<pid>/cmdline).
@@ -210,9 +220,13 @@ def runner_command(
         lit_agent = load_agent(agent)
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--agent") from exc
-    stats = asyncio.run(
-        _run_runner(lit_agent, store, token, workers, max_rollouts, heartbeat_interval, worker_id, quiet)
+    outage = max_store_outage or None
+    stats, gave_up = asyncio.run(
+        _run_runner(lit_agent, store, token, workers, max_rollouts, heartbeat_interval, worker_id, quiet, outage)
     )
+    if gave_up is not None:
+        typer.echo(f"error: runner stopped: {gave_up}", err=True)
+        raise typer.Exit(1)
     if not quiet:
         _console().print(
             f"runner done: {stats.succeeded} succeeded, {stats.failed} failed, {stats.timed_out} timed out, "
@@ -247,13 +261,22 @@ async def _run_runner(
     heartbeat_interval_s: float,
     worker_id: str | None,
     quiet: bool,
-) -> RunnerStats:
+    max_store_outage_s: float | None,
+) -> tuple[RunnerStats, str | None]:
+    """The runner's stats, and why it gave up on its own (None: it did not)."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from agentlightning.client import StoreUnavailableError
     from agentlightning.runner import AttemptOutcome, Runner
     from agentlightning.store import open_store
 
     store = open_store(store_spec, token=token)
+    try:  # the start-up probe: a wrong URL or token is one line now, not a retry loop
+        await store.statistics()
+    except (StoreUnavailableError, PermissionError) as exc:
+        await store.close()
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     with Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), disable=quiet, transient=True
     ) as progress:
@@ -273,12 +296,13 @@ async def _run_runner(
             worker_id=worker_id,
             heartbeat_interval_s=heartbeat_interval_s,
             on_attempt=on_attempt,
+            max_store_outage_s=max_store_outage_s,
         )
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, runner.stop)
         try:
-            return await runner.run(max_rollouts=max_rollouts)
+            return await runner.run(max_rollouts=max_rollouts), runner.gave_up
         finally:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(signum)

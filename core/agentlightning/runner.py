@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -185,11 +186,16 @@ class Runner:
         poll_interval_s: float = 0.5,
         flush_timeout_s: float = 10.0,
         on_attempt: Callable[[AttemptOutcome], None] | None = None,
+        max_store_outage_s: float | None = None,
     ) -> None:
         if n_workers < 1:
             raise ValueError(f"n_workers must be at least 1; got {n_workers}")
         if heartbeat_interval_s <= 0:
             raise ValueError(f"heartbeat_interval_s must be positive; got {heartbeat_interval_s}")
+        if max_store_outage_s is not None and max_store_outage_s <= 0:
+            raise ValueError(
+                f"max_store_outage_s must be positive seconds or None (retry forever); got {max_store_outage_s}"
+            )
         self.agent = as_agent(agent)
         self.store = store
         self.n_workers = n_workers
@@ -198,7 +204,11 @@ class Runner:
         self.poll_interval_s = poll_interval_s
         self.flush_timeout_s = flush_timeout_s
         self.on_attempt = on_attempt
+        self.max_store_outage_s = max_store_outage_s
         self.stats = RunnerStats()
+        # Why the runner stopped on its own: the store stayed unreachable past max_store_outage_s (None: it did not).
+        self.gave_up: str | None = None
+        self._store_down_since: float | None = None  # monotonic time of the first failed claim of this outage
         self._tracer = tracer
         self._owned_tracer: LightningTracer | None = None
         self._flusher: _Flusher | None = None
@@ -218,6 +228,7 @@ class Runner:
         if max_rollouts is not None and max_rollouts < 0:
             raise ValueError(f"max_rollouts must be >= 0 or None; got {max_rollouts}")
         self._stop.clear()
+        self.gave_up = None
         self._budget = max_rollouts
         self._claim_gate = asyncio.Lock()
         self._flusher = _Flusher(self._start_tracing(), self.flush_timeout_s)
@@ -314,17 +325,41 @@ class Runner:
                 return
             try:
                 claimed = await self._claim(worker_id, stop_event)
-            except Exception:  # store down or restarting: back off, keep the worker alive
+            except Exception as exc:  # store down or restarting: back off, keep the worker alive
                 self._return_budget()
                 failures += 1
-                logger.warning("worker %s: claim failed (%d in a row)", worker_id, failures, exc_info=True)
+                logger.debug("worker %s: claim failed (%d in a row)", worker_id, failures, exc_info=True)
+                self._claim_failed(exc)
                 await asyncio.sleep(min(5.0, 0.1 * 2**failures))
                 continue
             failures = 0
+            self._claim_succeeded()
             if claimed is None:
                 self._return_budget()
                 continue
             await self.run_attempt(claimed, worker_id)
+
+    def _claim_failed(self, exc: Exception) -> None:
+        """One log line when the store becomes unreachable (not one traceback per worker per try); give up past
+        ``max_store_outage_s``."""
+        now = time.monotonic()
+        if self._store_down_since is None:
+            self._store_down_since = now
+            limit = "" if self.max_store_outage_s is None else f" for up to {self.max_store_outage_s:g} s"
+            logger.warning("store unreachable, retrying%s: %s", limit, describe_exception(exc))
+        elif self.max_store_outage_s is not None and now - self._store_down_since > self.max_store_outage_s:
+            if self.gave_up is None:
+                self.gave_up = (
+                    f"store unreachable for {now - self._store_down_since:.0f} s "
+                    f"(max_store_outage_s={self.max_store_outage_s:g}): {describe_exception(exc)}"
+                )
+                logger.error("runner stopping: %s", self.gave_up)
+            self._stop.set()
+
+    def _claim_succeeded(self) -> None:
+        if self._store_down_since is not None:
+            logger.warning("store reachable again after %.1f s", time.monotonic() - self._store_down_since)
+            self._store_down_since = None
 
     async def _claim(self, worker_id: str, stop_event: _Flag | None) -> ClaimedRollout | None:
         """Claim one rollout: at once if one is waiting, else wait for one, one idle worker at a time.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -122,6 +123,21 @@ def test_an_unreachable_store_is_one_line_not_a_traceback() -> None:
         assert "Traceback" not in done.stderr and done.stdout == ""
         [line] = done.stderr.splitlines()
         assert line.startswith("error: store server at http://127.0.0.1:9") and "agl store" in line
+
+
+def test_runner_probes_the_store_at_start_up(tmp_path: Path) -> None:
+    (tmp_path / "tiny_agent_mod.py").write_text(AGENT_MODULE)
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "agentlightning.cli", "runner", "--store", "http://127.0.0.1:9", "--agent",
+         "tiny_agent_mod:tiny"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])},
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("error: store server at http://127.0.0.1:9") and "agl store" in line
+    assert time.monotonic() - started < 30  # it used to retry forever, a traceback every few seconds
 
 
 def test_check_exits_non_zero_when_nothing_is_trainable(seeded: tuple[Path, list[str]]) -> None:

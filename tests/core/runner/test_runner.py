@@ -212,3 +212,49 @@ async def test_idle_workers_take_turns_waiting_for_work() -> None:
     assert stats.succeeded == 20
     assert store.most_waiting == 1
     await assert_each_finished_once(store, 20)
+
+
+class _FlakyStore(InMemoryLightningStore):
+    """A memory store whose claims fail while ``down`` is set, as a restarting store server's would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.failed_claims = 0
+        self.failed_often = asyncio.Event()  # every worker failed, some more than once
+
+    async def claim_and_start(self, worker_id: str | None = None, *, timeout_s: float | None = None) -> Any:
+        if self.down:
+            self.failed_claims += 1
+            if self.failed_claims >= 8:
+                self.failed_often.set()
+            raise ConnectionError("cannot connect to 127.0.0.1:4747")
+        return await super().claim_and_start(worker_id, timeout_s=timeout_s)
+
+
+async def test_a_store_outage_logs_once_when_it_goes_and_once_when_it_is_back(caplog: pytest.LogCaptureFixture) -> None:
+    store = _FlakyStore()
+    store.down = True
+    runner = Runner(counting, store, n_workers=4, poll_interval_s=0.05)
+    with caplog.at_level("WARNING", logger="agentlightning"):
+        task = asyncio.create_task(runner.run(max_rollouts=3))
+        await asyncio.wait_for(store.failed_often.wait(), 30)
+        store.down = False
+        await enqueue_counting(store, 3)
+        stats = await asyncio.wait_for(task, 30)
+    assert stats.succeeded == 3 and runner.gave_up is None
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("agentlightning")]
+    assert [line.split(",")[0].split(" after")[0] for line in lines] == ["store unreachable", "store reachable again"]
+    assert all(r.exc_info is None for r in caplog.records)  # no traceback per try
+
+
+async def test_the_runner_gives_up_past_max_store_outage() -> None:
+    store = _FlakyStore()
+    store.down = True
+    runner = Runner(counting, store, n_workers=2, max_store_outage_s=0.5)
+    stats = await asyncio.wait_for(runner.run(), 30)
+    assert stats.claimed == 0
+    assert runner.gave_up is not None and "store unreachable for" in runner.gave_up
+    assert "max_store_outage_s=0.5" in runner.gave_up and "cannot connect" in runner.gave_up
+    with pytest.raises(ValueError, match="max_store_outage_s must be positive"):
+        Runner(counting, store, max_store_outage_s=0)
