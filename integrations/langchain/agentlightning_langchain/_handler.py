@@ -37,6 +37,11 @@ from agentlightning_langchain._messages import (
 logger = logging.getLogger("agentlightning_langchain")
 
 _TRACER_NAME = "agentlightning_langchain"
+# The nodes of langgraph.prebuilt.create_react_agent, which names its graph (create_react_agent(name="assistant"))
+# but not its nodes: their runs carry langgraph_node "agent"/"tools" and no lc_agent_name. Inside a named graph they
+# take the enclosing agent's name, so agents="assistant" selects them. LangGraph's name for an unnamed graph:
+_PREBUILT_NODES = frozenset({"agent", "tools"})
+_UNNAMED_GRAPH = "LangGraph"
 
 
 @dataclass(slots=True)
@@ -227,7 +232,7 @@ class LightningCallbackHandler(BaseCallbackHandler):
     on_tool_error = on_chain_error
 
     # --- internals ------------------------------------------------------------------------------------------------
-    def _agent_name(self, metadata: Mapping[str, Any] | None) -> str | None:
+    def _agent_name(self, metadata: Mapping[str, Any] | None, parent_run_id: UUID | None) -> str | None:
         if not metadata:
             return None
         node = metadata.get("langgraph_node")
@@ -239,8 +244,20 @@ class LightningCallbackHandler(BaseCallbackHandler):
         if isinstance(agent, str) and agent:
             return agent
         if isinstance(node, str) and node:
+            if node in _PREBUILT_NODES:
+                return self._enclosing_agent(parent_run_id) or node
             return node
         return None
+
+    def _enclosing_agent(self, parent_run_id: UUID | None) -> str | None:
+        """The name of the agent a prebuilt graph's node runs in: its parent's agent, else the named graph's."""
+        with self._lock:
+            parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
+        if parent is None:
+            return None
+        if parent.agent is not None:
+            return parent.agent
+        return parent.fallback_agent if parent.fallback_agent != _UNNAMED_GRAPH else None
 
     def _pop(self, run_id: UUID) -> _Run | None:
         """Forget ``run_id``; returns its run if it owns a span (None if unknown or an alias of an ancestor)."""
@@ -304,7 +321,7 @@ class LightningCallbackHandler(BaseCallbackHandler):
         metadata: Mapping[str, Any] | None,
         run_name: Any,
     ) -> None:
-        agent = self._agent_name(metadata)
+        agent = self._agent_name(metadata, parent_run_id)
         with self._lock:
             parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
             if parent is not None and (agent is None or agent == parent.agent):
@@ -360,7 +377,7 @@ class LightningCallbackHandler(BaseCallbackHandler):
             f"{semconv.OP_CHAT} {model if isinstance(model, str) else label}",
             SpanKind.CLIENT,
             attributes,
-            self._agent_name(meta),
+            self._agent_name(meta, parent_run_id),
             label,
             needs_agent=True,
         )
@@ -390,7 +407,7 @@ class LightningCallbackHandler(BaseCallbackHandler):
             f"{semconv.OP_EXECUTE_TOOL} {name}",
             SpanKind.INTERNAL,
             attributes,
-            self._agent_name(metadata),
+            self._agent_name(metadata, parent_run_id),
             str(name),
         )
 

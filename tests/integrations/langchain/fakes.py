@@ -115,7 +115,9 @@ def react_answers(tag: str = "") -> list[AIMessage]:
     ]
 
 
-def build_react_agent(model: ScriptedChatModel, tools: Sequence[BaseTool], name: str = "mathbot") -> Runnable[Any, Any]:
+def build_react_agent(
+    model: ScriptedChatModel, tools: Sequence[BaseTool], name: str | None = "mathbot"
+) -> Runnable[Any, Any]:
     """LangGraph's prebuilt ReAct agent (nodes ``agent`` and ``tools``) around ``model``."""
     from langgraph.prebuilt import create_react_agent
     from langgraph.warnings import LangGraphDeprecatedSinceV10

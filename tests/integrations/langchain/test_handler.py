@@ -127,13 +127,15 @@ def test_prebuilt_agent_spans(mode: str, capture: SpanCapture) -> None:
         assert chunks > 7
     spans = capture.spans()
 
+    # The prebuilt's nodes ("agent", "tools") carry no lc_agent_name: they take the graph's name, so
+    # agents="mathbot" selects its calls (they used to be recorded as agent "agent", a name the user never wrote).
     assert tree(spans) == [
         "mathbot",
-        "  invoke_agent agent",
+        "  invoke_agent mathbot",
         "    chat ScriptedChatModel",
-        "  invoke_agent tools",
+        "  invoke_agent mathbot",
         "    execute_tool add",
-        "  invoke_agent agent",
+        "  invoke_agent mathbot",
         "    chat ScriptedChatModel",
     ]
     assert_ids(spans, "ro-1", "at-1")
@@ -142,14 +144,14 @@ def test_prebuilt_agent_spans(mode: str, capture: SpanCapture) -> None:
     user = {"role": "user", "content": "What is 2 + 3?"}
     tools = {semconv.GEN_AI_TOOL_DEFINITIONS: ADD_TOOL_DEFINITION}
     assert genai(first) == chat_attributes(
-        "agent",
+        "mathbot",
         [user],
         {"role": "assistant", "content": "", "tool_calls": [ADD_CALL]},
         **tools,
         **response("resp-1", "tool_calls", 12, 7),
     )
     assert genai(second) == chat_attributes(
-        "agent",
+        "mathbot",
         [
             user,
             {"role": "assistant", "content": "", "name": "mathbot", "tool_calls": [ADD_CALL]},
@@ -167,15 +169,33 @@ def test_prebuilt_agent_spans(mode: str, capture: SpanCapture) -> None:
         semconv.GEN_AI_TOOL_CALL_ID: "call_add",
         semconv.GEN_AI_TOOL_CALL_ARGUMENTS: '{"a":2,"b":3}',
         semconv.GEN_AI_TOOL_CALL_RESULT: "5",
-        semconv.GEN_AI_AGENT_NAME: "tools",
+        semconv.GEN_AI_AGENT_NAME: "mathbot",
         semconv.SPAN_SOURCE: "hook",
         semconv.ROLLOUT_ID: "ro-1",
         semconv.ATTEMPT_ID: "at-1",
     }
-    for agent in by_name(spans, "invoke_agent agent"):
+    for agent in by_name(spans, "invoke_agent mathbot"):
         assert agent.attributes[semconv.GEN_AI_OPERATION_NAME] == "invoke_agent"
-        assert agent.attributes[semconv.GEN_AI_AGENT_NAME] == "agent"
+        assert agent.attributes[semconv.GEN_AI_AGENT_NAME] == "mathbot"
     assert handler.open_runs == 0
+
+
+def test_prebuilt_agent_names_unnamed_and_mapped(capture: SpanCapture) -> None:
+    """An unnamed prebuilt keeps its node names; an explicit mapping of a node still wins over the graph's name."""
+    cases = [(None, {}, {"agent", "tools"}), ("mathbot", {"agent": "solver"}, {"solver", "mathbot"})]
+    for i, (name, mapping, expected) in enumerate(cases):
+        handler = LightningCallbackHandler(agent_names=mapping)
+        graph = build_react_agent(scripted_model(*react_answers()), [make_add_tool()], name=name)
+        with rollout_context(f"ro-{i}", "at-1"):
+            run_graph(graph, "invoke", handler)
+        spans = capture.spans(f"ro-{i}")
+        names = {
+            str(s.attributes[semconv.GEN_AI_AGENT_NAME]) for s in spans if semconv.GEN_AI_AGENT_NAME in s.attributes
+        }
+        assert names == expected, (name, tree(spans))
+        calls = by_name(spans, "chat ScriptedChatModel")
+        assert len(calls) == 2
+        assert {str(c.attributes[semconv.GEN_AI_AGENT_NAME]) for c in calls} == {"agent" if name is None else "solver"}
 
 
 # --- hand-written multi-agent graph --------------------------------------------------------------------------------

@@ -66,4 +66,4 @@ def test_hook_and_proxy_spans_join(mode: str, api: str, rig: ProxyRig) -> None:
     # Streamed Chat Completions: langchain-openai discards the chat.completion id, so the hook span has none; the
     # adapter joins it with the proxy span recorded inside its time window instead.
     calls = assert_joined(rig.spans(rollout_id), 2, by_response_id=not (api == "chat" and mode != "invoke"))
-    assert all(call.agent_name == "agent" for call in calls)
+    assert all(call.agent_name == "mathbot" for call in calls)  # the prebuilt graph's name, not its node's
