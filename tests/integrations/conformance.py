@@ -137,9 +137,16 @@ def assert_ids(spans: Iterable[Span], rollout_id: str, attempt_id: str) -> None:
 
 
 def assert_span_tree(spans: Sequence[Span]) -> None:
-    """Within each trace, span ids are unique, every parent exists, and the spans form one tree (one root)."""
+    """Within each trace, span ids are unique, every parent exists, and the spans form one tree (one root); a span
+    records each exception once."""
     by_trace: dict[str, dict[str, Span]] = defaultdict(dict)
     for span in spans:
+        failures = [
+            (e.attributes.get("exception.type"), e.attributes.get("exception.message"))
+            for e in span.events
+            if e.name == "exception"
+        ]
+        assert len(failures) == len(set(failures)), f"span {span.name!r} records an exception twice: {failures}"
         trace = by_trace[span.trace_id]
         assert span.span_id not in trace, f"span id {span.span_id} appears twice in trace {span.trace_id}"
         trace[span.span_id] = span

@@ -24,11 +24,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from opentelemetry.sdk.trace import ReadableSpan, Span as SdkSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, Span as SdkSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import Span, SpanContext, Tracer
 from opentelemetry.util.types import AttributeValue
 
@@ -116,10 +117,30 @@ class ToolCall:
 pending_tool: ContextVar[ToolCall | None] = ContextVar("agentlightning_autogen_tool", default=None)
 
 
+def one_event_per_exception(events: Sequence[Event]) -> list[Event]:
+    """``events`` with repeated ``exception`` events of the same exception (type and message) dropped.
+
+    AutoGen's tool span records a failing tool's exception itself and then again as it leaves the span's context
+    manager (``record_exception=True``), so each failure arrived as two events (their stack traces differ in depth).
+    """
+    seen: set[tuple[object, ...]] = set()
+    kept: list[Event] = []
+    for event in events:
+        if event.name == "exception":
+            attributes = event.attributes or {}
+            key = (attributes.get("exception.type"), attributes.get("exception.message"))
+            if key in seen:
+                continue
+            seen.add(key)
+        kept.append(event)
+    return kept
+
+
 def copy_span(
     span: ReadableSpan, parent: SpanContext | None, extra: dict[str, AttributeValue] | None = None
 ) -> ReadableSpan:
-    """A finished span with another parent and/or more attributes (a span's own fields are fixed once it ended)."""
+    """A finished span with another parent and/or more attributes (a span's own fields are fixed once it ended),
+    one event per exception."""
     attributes = dict(span.attributes or {})
     if extra:
         attributes.update(extra)
@@ -129,7 +150,7 @@ def copy_span(
         parent=parent,
         resource=span.resource,
         attributes=attributes,
-        events=span.events,
+        events=one_event_per_exception(span.events),
         links=span.links,
         kind=span.kind,
         status=span.status,
@@ -256,6 +277,8 @@ class AutogenSpanProcessor(SpanProcessor):
             return
         if forwarded.reparented:
             span = copy_span(span, forwarded.parent)
+        elif sum(event.name == "exception" for event in span.events) > 1:
+            span = copy_span(span, span.parent)
         tool = forwarded.tool
         if tool is not None and not tool.released:
             tool.held = (forwarded.target, span)
