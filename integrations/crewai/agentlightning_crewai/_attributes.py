@@ -86,6 +86,17 @@ def _output_message(response: Any) -> dict[str, Any]:
     return {"role": "assistant", "content": response if isinstance(response, str) else to_json(response)}
 
 
+def tool_call_ids(response: Any) -> list[tuple[str, str]]:
+    """(tool name, call id) of each native tool call in an LLM response, in order (none for text answers)."""
+    calls = _output_message(response).get("tool_calls") or []
+    found: list[tuple[str, str]] = []
+    for call in calls:
+        name, call_id = call["function"]["name"], call["id"]
+        if isinstance(name, str) and isinstance(call_id, str) and call_id:
+            found.append((name, call_id))
+    return found
+
+
 def _usage(usage: Mapping[str, Any]) -> dict[str, AttributeValue]:
     # Providers name the counts differently (OpenAI prompt/completion, Anthropic input/output).
     found: dict[str, AttributeValue] = {}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -42,6 +43,7 @@ from agentlightning_crewai._attributes import (
     llm_start_attributes,
     short,
     time_ns,
+    tool_call_ids,
     tool_result,
     tool_start_attributes,
 )
@@ -57,6 +59,8 @@ _STALE_S: Final = 60.0
 _SWEEP_EVERY_S: Final = 10.0
 # A scope at the root that is not a span (a user's Flow around crews) is forgotten after this long.
 _ROOT_ALIAS_TTL_S: Final = 3600.0
+# Native tool calls remembered per agent role until their tool starts (see LightningEventListener._pending_calls).
+_MAX_PENDING_CALLS: Final = 64
 
 _CREW, _TASK, _AGENT, _LLM, _TOOL, _ALIAS = "crew", "task", "agent", "llm", "tool", "alias"
 
@@ -150,6 +154,11 @@ class LightningEventListener(BaseEventListener):
         self._waiting: dict[str, list[_Node]] = {}  # missing parent event id -> nodes waiting for it
         self._llm_by_call: dict[str, _Node] = {}
         self._early_ends: dict[str, _End] = {}  # start event id or LLM call id -> end handled before its start
+        # Native tool calls an agent's LLM answered with and whose tool has not started yet: (tool name, call id).
+        # CrewAI's ToolUsageStartedEvent carries no call id; the agent runs its calls in the order the model gave
+        # them, so each tool start takes the first pending call of its name. Bounded: a call CrewAI never runs
+        # (a cached result, a stopped agent) must not pile up.
+        self._pending_calls: dict[str, deque[tuple[str, str]]] = {}
         # Crew kickoffs by the crew object that emits both events: after a failure CrewAI's scope stack can be off
         # and crew_kickoff_failed then names another scope's start (seen on crewai 1.15.30).
         self._crews: dict[int, _Node] = {}
@@ -280,9 +289,15 @@ class LightningEventListener(BaseEventListener):
         self._add(node)
 
     def _on_tool_started(self, source: Any, event: Any) -> None:
-        node = self._new_node(
-            event, _TOOL, f"{semconv.OP_EXECUTE_TOOL} {event.tool_name}", tool_start_attributes(event)
-        )
+        attributes = tool_start_attributes(event)
+        with self._lock:
+            pending = self._pending_calls.get(str(event.agent_role))
+            for i, (name, call_id) in enumerate(pending or ()):
+                if name == event.tool_name:
+                    del pending[i]  # pyright: ignore[reportOptionalSubscript]  # enumerating it: not None here
+                    attributes[semconv.GEN_AI_TOOL_CALL_ID] = call_id
+                    break
+        node = self._new_node(event, _TOOL, f"{semconv.OP_EXECUTE_TOOL} {event.tool_name}", attributes)
         node.agent = event.agent_role
         self._add(node)
 
@@ -293,6 +308,11 @@ class LightningEventListener(BaseEventListener):
     def _on_llm_end(self, source: Any, event: Any) -> None:
         if event.type == "llm_call_completed":
             end = _End(time_ns(event.timestamp), llm_end_attributes(event))
+            calls = tool_call_ids(event.response)
+            if calls:
+                with self._lock:
+                    queue = self._pending_calls.setdefault(str(event.agent_role), deque(maxlen=_MAX_PENDING_CALLS))
+                    queue.extend(calls)
         else:
             end = _End(time_ns(event.timestamp), {}, error=str(event.error))
         with self._lock:

@@ -109,3 +109,6 @@ def test_crew_on_the_upstream_directly(rig: ProxyRig, stream: bool) -> None:
     (native_call,) = [s for s in chats if "tool_calls" in str(s.attributes[sc.GEN_AI_OUTPUT_MESSAGES])]
     (message,) = json.loads(str(native_call.attributes[sc.GEN_AI_OUTPUT_MESSAGES]))
     assert message["tool_calls"][0]["function"] == {"name": "add", "arguments": '{"a": 2, "b": 3}'}
+    # the tool span names the call it answers (CrewAI's tool events carry no id: the listener takes the LLM's)
+    (tool,) = [s for s in spans if s.attributes.get(sc.GEN_AI_OPERATION_NAME) == sc.OP_EXECUTE_TOOL]
+    assert tool.attributes[sc.GEN_AI_TOOL_CALL_ID] == message["tool_calls"][0]["id"] == "call_add"
