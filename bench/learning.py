@@ -1,6 +1,8 @@
 """Learning benchmark (not a test): wall time and steps until the train reward EMA reaches 0.8 on the tool-choice task.
 
-Run: ``.venv/bin/python -m bench.learning`` (``--quick`` for one seed). Two loops, median of 3 seeds each:
+Run: ``.venv/bin/python -m bench.learning`` (``--quick`` for one seed). ``--settings [args]`` prints instead, per
+example, the effect of LightningRL's defaults and options before/after issue 25, 3 seeds (``bench/rl_settings.py``;
+its args follow). Two loops, median of 3 seeds each:
 
 * in-process — the policy samples directly, no store, no HTTP (the CI path);
 * full HTTP — runners execute the unmodified OpenAI-SDK agent, which calls the LLM proxy, which forwards to the
@@ -15,6 +17,7 @@ import logging
 import os
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -121,7 +124,13 @@ def _run(meter: _Meter, history: list[StepMetrics], reached: int | None) -> Run:
 
 
 def main() -> None:
-    """Run both loops over the seeds and print medians."""
+    """Run both loops over the seeds and print medians (or, with ``--settings``, bench/rl_settings.py)."""
+    if "--settings" in sys.argv[1:]:
+        from bench import rl_settings
+
+        sys.argv = [sys.argv[0], *(a for a in sys.argv[1:] if a != "--settings")]
+        rl_settings.main()
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="one seed instead of three")
     parser.add_argument("--max-steps", type=int, default=300)
