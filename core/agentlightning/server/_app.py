@@ -10,6 +10,7 @@ from typing import Any, Final
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
@@ -378,9 +379,25 @@ def _add_error_handlers(app: FastAPI) -> None:
         detail = f"a number in the request is out of range (integers are stored in 64 bits): {exc}"
         return JSONResponse({"detail": detail}, status_code=422)
 
-    async def http_error(_: Request, exc: Exception) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:
+            # Starlette's Allow names only the first route of the path; a path served by several (GET and POST
+            # /v1/resources) gets every method of every route of that path.
+            path = request.url.path
+            allowed = sorted(
+                {
+                    method
+                    for r in app.routes
+                    if isinstance(r, APIRoute) and r.path_regex.match(path)
+                    for method in r.methods or ()
+                }
+            )
+            if allowed:
+                kept = {k: v for k, v in (headers or {}).items() if k.lower() != "allow"}
+                headers = {**kept, "allow": ", ".join(allowed)}
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
     async def request_invalid(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)

@@ -276,3 +276,20 @@ async def test_lone_surrogates_are_rejected_at_the_edge(api: httpx.AsyncClient, 
     response = await api.post("/v1/rollouts", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 400 and "not valid JSON" in response.json()["detail"]
     assert (await store.statistics()).total_rollouts == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("DELETE", "/v1/resources", "GET, POST"),  # two routes on one path: Starlette named only the first (POST)
+        ("PUT", "/v1/rollouts", "POST"),
+        ("GET", "/v1/traces", "POST"),
+        ("PUT", "/v1/resources/rs-1", "GET"),
+    ],
+)
+async def test_405_allow_names_every_method_of_the_path(
+    api: httpx.AsyncClient, method: str, path: str, allowed: str
+) -> None:
+    response = await api.request(method, path)
+    assert response.status_code == 405
+    assert response.headers.get_list("allow") == [allowed]
