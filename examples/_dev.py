@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -15,36 +12,6 @@ from agentlightning import LLM, Trainer, semconv
 from agentlightning.adapter.tree import build_call_tree
 from agentlightning.store.base import LightningStore
 from agentlightning.types import Span
-
-
-@contextlib.asynccontextmanager
-async def proxy_on_loop(store: LightningStore, upstream_url: str) -> AsyncIterator[tuple[str, Any]]:
-    """Serve the LLM proxy in front of ``upstream_url`` on this event loop (it shares ``store`` with the runners)."""
-    import uvicorn
-
-    from agentlightning.proxy import create_proxy_app
-
-    app = create_proxy_app(store, upstream_url)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-    task = asyncio.create_task(server.serve(), name="dev-llm-proxy")
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError(f"the LLM proxy failed to start on port {port}")
-            await asyncio.sleep(0.01)
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def span_label(span: Span) -> str:
@@ -114,7 +81,6 @@ async def run_dev(
     for the run only. Prints what the trainer would see and each rollout's span tree; returns both. ``store``
     (default: a new in-memory one) keeps the spans for a caller to inspect.
     """
-    from agentlightning.proxy import flush_proxy_spans
     from agentlightning.store import InMemoryLightningStore
     from agentlightning.testing.fake_openai import FakeOpenAI
 
@@ -124,13 +90,11 @@ async def run_dev(
     instrumentation.instrument()
     try:
         with FakeOpenAI(reply=reply).serve() as upstream:
-            async with proxy_on_loop(store, upstream.base_url) as (proxy_url, proxy_app):
-                await store.add_resources({"llm": LLM(base_url=proxy_url, model="fake", proxied=True)})
-                rows = await Trainer(store=store, n_runners=2, console=console).dev_async(
-                    agent, chosen, timeout_s=timeout_s
-                )
-                await flush_proxy_spans(proxy_app)
-                trees = await print_span_trees(store, [r.rollout_id for r in rows], console)
+            # Trainer(llm=...) puts the LLM proxy in front of the fake and publishes it, as `agl dev --fake` does.
+            llm = LLM(base_url=upstream.base_url, model="fake")
+            trainer = Trainer(store=store, n_runners=2, console=console, llm=llm)
+            rows = await trainer.dev_async(agent, chosen, timeout_s=timeout_s)
+            trees = await print_span_trees(store, [r.rollout_id for r in rows], console)
     finally:
         instrumentation.uninstrument()
     return rows, trees

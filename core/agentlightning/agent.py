@@ -217,7 +217,8 @@ def _inject(
     if snapshot is None:
         raise AgentSignatureError(
             f"agent {agent_name!r} needs parameter {name!r} but rollout {rollout.rollout_id} runs without resources; "
-            f"publish them first, e.g. store.add_resources({{{name!r}: LLM(...)}}), or give {name!r} a default"
+            f"publish them first (`agl dev`/`agl train` --upstream URL --model NAME, or --fake; in code "
+            f"Trainer(llm=LLM(...)) or store.add_resources({{{name!r}: ...}})), or give {name!r} a default"
         )
     raise AgentSignatureError(
         f"agent {agent_name!r} needs parameter {name!r}, which resources {snapshot.resources_id} do not have; "

@@ -11,6 +11,11 @@ each a ``role``: ``"algorithm"`` (no runners), ``"runner"`` (runners only, until
 process running the algorithm also runs a watchdog that times out silent attempts of the whole fleet (a store served
 by ``agl store`` runs its own too; ending an attempt is one transaction, so the two never act twice).
 
+``Trainer(llm=LLM(base_url=..., model=...))`` serves that OpenAI-compatible model to the agent: the process that runs
+the algorithm puts the LLM proxy in front of it (on loopback, this event loop) and publishes it as resource ``llm``
+before the algorithm starts, so every call is recorded as a span of its rollout. An algorithm that serves its own
+policy (LightningRL) publishes over it.
+
 ``Trainer.dev(agent, tasks)`` runs the loop once with the :class:`BaselineAlgorithm` on an in-memory store and prints,
 per rollout, the spans captured, the rewards found and the transitions a trainer would train on.
 """
@@ -32,8 +37,9 @@ if TYPE_CHECKING:
 
     from agentlightning._runner_processes import RunnerProcesses
     from agentlightning.agent import LitAgent
+    from agentlightning.proxy import ServedProxy
     from agentlightning.tracing import LightningTracer
-    from agentlightning.types import Transition
+    from agentlightning.types import LLM, Transition
 
 # Ids are copied from this table into `agl spans`: never break them across lines.
 _ID_COLUMNS = frozenset({"rollout"})
@@ -74,18 +80,26 @@ class Trainer:
         console: Console | None = None,
         runner_processes: int = 1,
         runner_setup: Sequence[Callable[[], object]] = (),
+        llm: LLM | None = None,
     ) -> None:
         """``runner_processes``: processes of this machine that run ``n_runners`` workers each, this one included
         (agents that hold the GIL need more than one to use more than one core); ``runner_setup``: module-level
-        callables each extra process runs first, e.g. an integration's ``instrument``."""
+        callables each extra process runs first, e.g. an integration's ``instrument``; ``llm``: a model to serve the
+        agent through the LLM proxy (see the module docstring)."""
         if role not in _ROLES:
             raise ValueError(f"role must be one of {list(_ROLES)}; got {role!r}")
+        if llm is not None and role == "runner":
+            raise ValueError(
+                "llm= is served and published by the process that runs the algorithm (role 'both' or 'algorithm'); "
+                "runners read it from the store"
+            )
         if n_runners < 1:
             raise ValueError(f"n_runners must be at least 1; got {n_runners}")
         if runner_processes < 1:
             raise ValueError(f"runner_processes must be at least 1; got {runner_processes}")
         self.runner_processes = runner_processes
         self.runner_setup = tuple(runner_setup)
+        self.llm = llm
         self.algorithm = algorithm
         self.store_spec = store
         self.n_runners = n_runners
@@ -141,9 +155,12 @@ class Trainer:
         runner_task: asyncio.Task[RunnerStats] | None = None
         extra: RunnerProcesses | None = None
         guards: list[asyncio.Task[Any]] = []
+        proxy: ServedProxy | None = None
         try:
             if watchdog is not None:
                 watchdog.start()
+            if self.llm is not None and runs_algorithm:
+                proxy = await _serve_llm(store, self.llm)
             if runs_runners:
                 assert agent is not None  # checked above; narrows for the type checker
                 self.runner = Runner(
@@ -189,6 +206,9 @@ class Trainer:
                 await extra.stop()
             if runner_task is not None and not runner_task.done():
                 self.runner_stats = await runner_task
+            if proxy is not None:
+                await proxy.flush()
+                await proxy.stop()
             if watchdog is not None:
                 await watchdog.stop()
             if owned:
@@ -244,6 +264,7 @@ class Trainer:
             tracer=self.tracer,
             worker_id=self.worker_id,
             console=console,
+            llm=self.llm,
         )
         assert isinstance(dev_trainer.store_spec, LightningStore)  # opened above; the dev trainer does not own it
         opened = dev_trainer.store_spec
@@ -255,6 +276,22 @@ class Trainer:
                 await opened.close()
         _print_dev(console, rows)
         return rows
+
+
+async def _serve_llm(store: LightningStore, llm: LLM) -> ServedProxy:
+    """Put the LLM proxy in front of ``llm`` and publish it as resource ``llm`` (other resources carried over)."""
+    from agentlightning.proxy import start_proxy
+
+    proxy = await start_proxy(store, llm.base_url, upstream_api_key=llm.api_key)
+    try:
+        latest = await store.get_resources()
+        # The key stays in this process (the proxy sends it upstream): a snapshot is readable by every store client.
+        served = llm.model_copy(update={"base_url": proxy.url, "proxied": True, "api_key": None})
+        await store.add_resources({**(latest.resources if latest is not None else {}), "llm": served})
+    except BaseException:
+        await proxy.stop()
+        raise
+    return proxy
 
 
 async def _inspect(store: LightningStore, rollout_id: str) -> DevRow:

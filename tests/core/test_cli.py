@@ -19,7 +19,7 @@ from agentlightning.store.sqlite import SqliteLightningStore
 from agentlightning.types import AttemptStatus, Rollout, Span
 
 WIDE = {"COLUMNS": "300"}  # rich tables wrap ids at the default 80 columns
-COMMANDS = ["store", "proxy", "runner", "rollouts", "spans", "check", "dev", "train"]
+COMMANDS = ["store", "proxy", "fake-openai", "runner", "rollouts", "spans", "check", "dev", "train"]
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)], ids=["agl", *COMMANDS])

@@ -6,7 +6,6 @@ for, cancelled on timeout and read back in one way.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import uuid
@@ -58,75 +57,6 @@ class ProxyEndpoint(Protocol):
     async def stop(self) -> None:
         """Stop serving (idempotent)."""
         ...
-
-
-@dataclass
-class ServedApp:
-    """An ASGI app served by uvicorn on the caller's event loop (it shares the store object with the runners)."""
-
-    app: Any
-    url: str
-    task: asyncio.Task[None]
-    server: Any
-
-    async def stop(self) -> None:
-        """Stop serving (idempotent)."""
-        self.server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-
-
-@dataclass
-class ServedProxy(ServedApp):
-    """The LLM proxy served on the caller's event loop."""
-
-    async def flush(self) -> None:
-        """Wait until every call recorded so far is in the store."""
-        from agentlightning.proxy import flush_proxy_spans
-
-        await flush_proxy_spans(self.app)
-
-
-async def serve_app(app: Any, *, name: str, host: str = "127.0.0.1", url_host: str | None = None) -> ServedApp:
-    """Serve ``app`` on a free port of ``host``; its URL names ``url_host`` (default ``host``)."""
-    import uvicorn
-
-    from agentlightning_trainer.policy_server import free_port
-
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
-    )
-    task = asyncio.create_task(server.serve(), name=name)
-    while not server.started:
-        if task.done():
-            task.result()
-            raise RuntimeError(f"{name} failed to start on {host}:{port}")
-        await asyncio.sleep(0.01)
-    return ServedApp(app, f"http://{url_host or host}:{port}", task, server)
-
-
-async def start_proxy(
-    store: LightningStore,
-    upstream: str,
-    *,
-    request_token_ids: bool = True,
-    upstream_api_key: str | None = None,
-    host: str = "127.0.0.1",
-    url_host: str | None = None,
-) -> ServedProxy:
-    """Serve the LLM proxy in front of ``upstream`` on a free port (loopback unless ``host`` says otherwise)."""
-    from agentlightning.proxy import create_proxy_app
-
-    app = create_proxy_app(
-        store,
-        upstream,
-        request_token_ids=request_token_ids,
-        request_logprobs=request_token_ids,
-        upstream_api_key=upstream_api_key,
-    )
-    served = await serve_app(app, name="agl-llm-proxy", host=host, url_host=url_host)
-    return ServedProxy(served.app, served.url, served.task, served.server)
 
 
 async def publish_resources(

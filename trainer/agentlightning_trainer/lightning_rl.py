@@ -19,6 +19,7 @@ from typing import Any
 
 from rich.console import Console
 
+from agentlightning.proxy.server import start_proxy
 from agentlightning.store.base import LightningStore
 from agentlightning.types import Rollout, RolloutMode, Transition
 from agentlightning_trainer.batches import (
@@ -29,7 +30,6 @@ from agentlightning_trainer.batches import (
     policy_llm,
     read_outcomes,
     run_policy_batch,
-    start_proxy,
 )
 from agentlightning_trainer.config import LightningRLConfig, PolicySpec
 from agentlightning_trainer.inprocess import as_rng_state, pick_tasks, with_advantages

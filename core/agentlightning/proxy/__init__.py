@@ -9,6 +9,17 @@ from agentlightning.extras import require_server_extra
 require_server_extra("the LLM proxy (agentlightning.proxy)")
 
 from agentlightning.proxy.app import LLMProxy, create_proxy_app, flush_proxy_spans, proxy_of
-from agentlightning.proxy.server import ProxyServer, serve_proxy
+from agentlightning.proxy.server import ProxyServer, ServedApp, ServedProxy, serve_app, serve_proxy, start_proxy
 
-__all__ = ["LLMProxy", "ProxyServer", "create_proxy_app", "flush_proxy_spans", "proxy_of", "serve_proxy"]
+__all__ = [
+    "LLMProxy",
+    "ProxyServer",
+    "ServedApp",
+    "ServedProxy",
+    "create_proxy_app",
+    "flush_proxy_spans",
+    "proxy_of",
+    "serve_app",
+    "serve_proxy",
+    "start_proxy",
+]

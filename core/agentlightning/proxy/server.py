@@ -1,10 +1,13 @@
-"""Running the LLM proxy: blocking (``agl proxy``) or on a background thread (tests, notebooks, one-process runs)."""
+"""Running the LLM proxy: blocking (``agl proxy``), on the caller's event loop (:func:`start_proxy`: trainers, ``agl
+dev``), or on a background thread (:class:`ProxyServer`: tests, notebooks)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -50,6 +53,95 @@ def serve_proxy(
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
 
 
+def _bound_socket(host: str, port: int) -> socket.socket:
+    # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted sockets only then; without it Nagle +
+    # delayed ACK add ~40 ms to every response uvicorn writes in two sends.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+@dataclass
+class ServedApp:
+    """An ASGI app served by uvicorn on the caller's event loop (so it can share a store object with the runners)."""
+
+    app: Any
+    url: str
+    task: asyncio.Task[None]
+    server: uvicorn.Server
+
+    async def stop(self) -> None:
+        """Stop serving (idempotent)."""
+        self.server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+@dataclass
+class ServedProxy(ServedApp):
+    """The LLM proxy served on the caller's event loop."""
+
+    async def flush(self) -> None:
+        """Wait until every call recorded so far is in the store."""
+        await proxy_of(self.app).writer.flush()
+
+
+async def serve_app(
+    app: Any, *, name: str, host: str = "127.0.0.1", port: int = 0, url_host: str | None = None
+) -> ServedApp:
+    """Serve ``app`` on ``port`` of ``host`` (0: a free one) on this event loop; its URL names ``url_host``."""
+    sock = _bound_socket(host, port)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+
+    async def serve() -> None:
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            sock.close()
+
+    task = asyncio.create_task(serve(), name=name)
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError(f"{name} failed to start on {host}:{sock.getsockname()[1]}")
+        await asyncio.sleep(0.01)
+    return ServedApp(app, f"http://{url_host or host}:{sock.getsockname()[1]}", task, server)
+
+
+async def start_proxy(
+    store: LightningStore,
+    upstream: str,
+    *,
+    request_token_ids: bool = True,
+    upstream_api_key: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    url_host: str | None = None,
+    upstream_timeout_s: float = DEFAULT_UPSTREAM_TIMEOUT_S,
+) -> ServedProxy:
+    """Serve the LLM proxy in front of ``upstream`` on this event loop (loopback and a free port by default).
+
+    ``request_token_ids`` asks the upstream for token ids and logprobs (vLLM, the policy server, the fake); turn it
+    off for a server that rejects them (the proxy also learns that from the first 400 and stops asking).
+    """
+    app = create_proxy_app(
+        store,
+        upstream,
+        request_token_ids=request_token_ids,
+        request_logprobs=request_token_ids,
+        upstream_api_key=upstream_api_key,
+        upstream_timeout_s=upstream_timeout_s,
+    )
+    served = await serve_app(app, name="agl-llm-proxy", host=host, port=port, url_host=url_host)
+    return ServedProxy(served.app, served.url, served.task, served.server)
+
+
 class ProxyServer:
     """The LLM proxy on a background thread, as a context manager: ``with ProxyServer(store, url) as proxy: ...``.
 
@@ -89,11 +181,7 @@ class ProxyServer:
         """Bind the port and start serving; returns once the server accepts connections."""
         if self._thread is not None:
             raise RuntimeError(f"the proxy is already running at {self.url}")
-        # proto=IPPROTO_TCP matters: asyncio sets TCP_NODELAY on accepted sockets only then; without it Nagle +
-        # delayed ACK add ~40 ms to every response uvicorn writes in two sends.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self._host, self._port))
+        sock = _bound_socket(self._host, self._port)
         self.url = f"http://{self._host}:{sock.getsockname()[1]}"
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="on")
         server = self._server = uvicorn.Server(config)

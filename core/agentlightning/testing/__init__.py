@@ -12,6 +12,7 @@ from agentlightning.testing.fake_openai import (
     FakeRequest,
     FakeToolCall,
     ReplyRule,
+    call_offered_tools,
     logprob_of,
     tokenize,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "FakeRequest",
     "FakeToolCall",
     "ReplyRule",
+    "call_offered_tools",
     "logprob_of",
     "tokenize",
 ]

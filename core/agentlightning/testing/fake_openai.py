@@ -54,6 +54,7 @@ __all__ = [
     "FakeRequest",
     "FakeToolCall",
     "ReplyRule",
+    "call_offered_tools",
     "logprob_of",
     "tokenize",
 ]
@@ -116,6 +117,47 @@ class FakeRequest:
 
 
 ReplyRule: TypeAlias = Callable[[FakeRequest], "FakeReply | FakeError"]
+
+
+def _placeholder(schema: object) -> object:
+    """A value of the JSON-schema type ``schema`` names: its first enum member, else a fixed one per type."""
+    spec = _as_dict(schema)
+    enum = _as_list(spec.get("enum"))
+    if enum:
+        return enum[0]
+    kind = spec.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in cast("list[object]", kind) if k != "null"), "string")
+    defaults: dict[object, object] = {"integer": 1, "number": 1, "boolean": True, "array": [], "object": {}}
+    return defaults.get(kind, "test")
+
+
+def _offered_tools(body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(name, parameters schema) of each function tool of a chat or Responses request, in order."""
+    offered: list[tuple[str, dict[str, Any]]] = []
+    for tool in _as_list(body.get("tools")):
+        spec = _as_dict(tool)
+        function = _as_dict(spec.get("function")) or spec  # chat nests the function; Responses does not
+        name = function.get("name")
+        if isinstance(name, str):
+            offered.append((name, _as_dict(function.get("parameters"))))
+    return offered
+
+
+def call_offered_tools(request: FakeRequest) -> FakeReply:
+    """A reply rule for tool-calling agents: call the first offered tool until a tool result is in the conversation.
+
+    The call's arguments hold every required parameter of the tool's JSON schema, each set to a placeholder of its
+    type (the first enum member, else ``"test"``, ``1`` or ``true``). Without tools, or once a tool has answered,
+    it echoes the last user message as the default reply does.
+    """
+    tools = _offered_tools(request.body)
+    if tools and not request.has_tool_results:
+        name, parameters = tools[0]
+        properties = _as_dict(parameters.get("properties"))
+        arguments = {key: _placeholder(properties.get(key)) for key in _as_list(parameters.get("required"))}
+        return FakeReply(tool_calls=[FakeToolCall(name, orjson.dumps(arguments).decode())])
+    return FakeReply(text=f"echo: {request.last_user_text}")
 
 
 def tokenize(text: str) -> list[int]:

@@ -10,10 +10,10 @@ import httpx
 import pytest
 
 from agentlightning.adapter import TraceAdapter
+from agentlightning.proxy.server import serve_app, start_proxy
 from agentlightning.semconv import HEADER_POLICY_VERSION
 from agentlightning.store.memory import InMemoryLightningStore
 from agentlightning.testing import FakeOpenAI, FakeOpenAIServer
-from agentlightning_trainer.batches import serve_app, start_proxy
 from agentlightning_trainer.verl.router import ReplicaRouter, create_router_app
 
 SERVED = "/models/Qwen2.5-0.5B-Instruct"

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentlightning.algorithm import Algorithm
+from agentlightning.proxy.server import ServedProxy, start_proxy
 from agentlightning.store.base import LightningStore
 from agentlightning.types import PromptTemplate, Resource
 from agentlightning_trainer.apo.config import APOConfig
@@ -39,12 +40,10 @@ from agentlightning_trainer.apo.optimizer import (
 )
 from agentlightning_trainer.batches import (
     RolloutOutcome,
-    ServedProxy,
     mean_reward,
     publish_resources,
     read_outcomes,
     run_batch,
-    start_proxy,
 )
 from agentlightning_trainer.inprocess import pick_tasks
 

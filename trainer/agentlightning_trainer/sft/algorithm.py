@@ -21,15 +21,14 @@ from typing import Any
 
 from rich.console import Console
 
+from agentlightning.proxy.server import ServedProxy, start_proxy
 from agentlightning.store.base import LightningStore
 from agentlightning.types import Rollout
 from agentlightning_trainer.batches import (
-    ServedProxy,
     mean_reward,
     policy_llm,
     read_outcomes,
     run_policy_batch,
-    start_proxy,
 )
 from agentlightning_trainer.inprocess import pick_tasks
 from agentlightning_trainer.served_policy import ServedPolicyAlgorithm

@@ -14,9 +14,9 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from agentlightning.proxy.server import ServedApp, ServedProxy, serve_app, start_proxy
 from agentlightning.store.base import LightningStore
 from agentlightning.types import Transition
-from agentlightning_trainer.batches import ServedApp, ServedProxy, serve_app, start_proxy
 from agentlightning_trainer.config import LightningRLConfig
 from agentlightning_trainer.inprocess import with_advantages
 from agentlightning_trainer.lightning_rl import LightningRL

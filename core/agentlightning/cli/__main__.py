@@ -1,0 +1,5 @@
+"""``python -m agentlightning.cli``: the ``agl`` command."""
+
+from agentlightning.cli import main
+
+main()
