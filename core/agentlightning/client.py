@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import os
 import random
 import ssl
 import threading
@@ -62,6 +63,10 @@ _SHARDS: Final = 8
 _Sender = httpx.AsyncClient | Http11Pool
 
 
+TOKEN_ENV: Final = "AGENTLIGHTNING_TOKEN"
+"""Environment variable a client takes its bearer token from when none is passed (what `agl store --token` sets)."""
+
+
 class StoreUnavailableError(StoreError, ConnectionError):
     """The store server could not be reached, or kept failing (5xx), after all retries."""
 
@@ -84,6 +89,8 @@ class LightningStoreClient(LightningStore):
     ) -> None:
         """Point at a store server; ``timeout_s`` bounds each request beyond any wait it asks the server for.
 
+        ``token`` defaults to the ``AGENTLIGHTNING_TOKEN`` environment variable (pass ``""`` to send none).
+
         ``transport_factory`` makes the httpx transport of each event loop (e.g. ``httpx.ASGITransport`` to talk
         to an app in process); by default connections are pooled TCP.
         """
@@ -96,6 +103,9 @@ class LightningStoreClient(LightningStore):
         self.max_backoff_s = max_backoff_s
         # Below the server's default wait cap (30 s), so a long poll ends on the server, never on a client timeout.
         self.long_poll_s = long_poll_s
+        if token is None:
+            token = os.environ.get(TOKEN_ENV)
+        token = token or None
         self.token = token  # what another process needs to reach the same server (Trainer(runner_processes=))
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self._shards = max(1, min(_SHARDS, max_connections))

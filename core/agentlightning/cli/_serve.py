@@ -10,10 +10,7 @@ import typer
 if TYPE_CHECKING:
     pass
 
-from agentlightning.cli._common import (
-    TokenOption,
-    app,
-)
+from agentlightning.cli._common import TOKEN_ENV, TokenOption, UpstreamKeyOption, app
 
 # --- servers ---------------------------------------------------------------------------------------------------------
 # Written as one line a paragraph: typer's help keeps the single line breaks of a docstring's later paragraphs.
@@ -77,15 +74,54 @@ def proxy_command(
             "between its chunks. A call past it gets a 504 and an ERROR span.",
         ),
     ] = 600.0,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="AGL_PROXY_TOKEN",
+            help="Bearer token the proxy requires from agents, as their OpenAI API key (env AGL_PROXY_TOKEN); "
+            "required beyond loopback.",
+        ),
+    ] = None,
+    store_token: Annotated[
+        str | None,
+        typer.Option(
+            "--store-token", envvar=TOKEN_ENV, help=f"Token of the store server, to write spans (env {TOKEN_ENV})."
+        ),
+    ] = None,
+    upstream_api_key: UpstreamKeyOption = None,
 ) -> None:
-    """Serve the LLM proxy: records every call (with engine token ids) as a span of its rollout."""
+    """Serve the LLM proxy: records every call (with engine token ids) as a span of its rollout.
+
+    The store is probed first: a wrong URL or store token is one line and exit 1. Dropped spans are logged at ERROR
+    and counted in GET /metrics.
+    """
     if not upstream_timeout > 0 or upstream_timeout == float("inf"):
         raise typer.BadParameter(
             f"must be a positive number of seconds, got {upstream_timeout}", param_hint="--upstream-timeout"
         )
+    from agentlightning.client import StoreUnavailableError
     from agentlightning.proxy import serve_proxy
+    from agentlightning.proxy.server import resolve_proxy_token
 
-    serve_proxy(upstream=upstream, store_url=store, host=host, port=port, upstream_timeout_s=upstream_timeout)
+    try:
+        token = resolve_proxy_token(host, token)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--token") from exc
+    try:
+        serve_proxy(
+            upstream=upstream,
+            store_url=store,
+            host=host,
+            port=port,
+            upstream_timeout_s=upstream_timeout,
+            token=token,
+            store_token=store_token,
+            upstream_api_key=upstream_api_key,
+        )
+    except (StoreUnavailableError, PermissionError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command("fake-openai")

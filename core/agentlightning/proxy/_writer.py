@@ -33,6 +33,11 @@ class SpanWriter:
         self.written = 0
         self.dropped = 0
 
+    @property
+    def pending(self) -> int:
+        """Spans queued and not yet written or dropped."""
+        return len(self._pending)
+
     def submit(self, span: Span) -> None:
         """Queue one span; never blocks and never raises (safe in ``finally`` blocks of cancelled requests)."""
         self._pending.append(span)
@@ -110,7 +115,8 @@ class SpanWriter:
     def _drop(self, batch: list[Span], why: str) -> None:
         self.dropped += len(batch)
         first = batch[0]
-        logger.warning(
+        # ERROR: each dropped span is a training sample lost for good (also counted in the proxy's /metrics).
+        logger.error(
             "LLM proxy dropped %d span(s) (rollout %s, attempt %s) because %s; %d dropped so far",
             len(batch),
             first.rollout_id,

@@ -21,6 +21,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from agentlightning import semconv as sc
+from agentlightning.proxy._edge import ProxyTokenMiddleware, health, metrics_endpoint
 from agentlightning.proxy._record import (
     Additions,
     CallRecord,
@@ -281,6 +282,7 @@ class LLMProxy:
         upstream_timeout_s: float,
         id_cache_ttl_s: float,
         span_batch_size: int,
+        forward_agent_auth: bool = True,
     ) -> None:
         if not (math.isfinite(upstream_timeout_s) and upstream_timeout_s > 0):
             raise ValueError(
@@ -295,6 +297,8 @@ class LLMProxy:
         self.provider = provider
         self.writer = SpanWriter(store, batch_size=span_batch_size)
         self._api_key = upstream_api_key
+        # False when the agent's Authorization header holds the proxy's own token: it must not reach the upstream.
+        self._forward_agent_auth = forward_agent_auth
         self.upstream_timeout_s = upstream_timeout_s
         # Per read: bounds each gap between the chunks of a stream, whose whole length has no limit.
         self._timeout = httpx.Timeout(upstream_timeout_s, connect=min(upstream_timeout_s, 10.0))
@@ -403,8 +407,9 @@ class LLMProxy:
     def _upstream_headers(self, request: Request) -> list[tuple[bytes, bytes]]:
         headers: list[tuple[bytes, bytes]] = request.scope["headers"]
         kept = [(k, v) for k, v in headers if k not in _DROP_REQUEST_HEADERS]
-        if self._api_key is not None:
+        if self._api_key is not None or not self._forward_agent_auth:
             kept = [(k, v) for k, v in kept if k != b"authorization"]
+        if self._api_key is not None:
             kept.append((b"authorization", f"Bearer {self._api_key}".encode()))
         return kept
 
@@ -627,6 +632,7 @@ def create_proxy_app(
     upstream_timeout_s: float = DEFAULT_UPSTREAM_TIMEOUT_S,
     id_cache_ttl_s: float = 10.0,
     span_batch_size: int = 256,
+    token: str | None = None,
 ) -> FastAPI:
     """The LLM proxy as an ASGI app forwarding to ``upstream_url`` and recording LLM spans into ``store``.
 
@@ -650,6 +656,10 @@ def create_proxy_app(
     call, the start of a stream and then each gap between its chunks. A call past it gets a 504 in the OpenAI error
     shape (code ``upstream_timeout``) and its span status ERROR. When the agent disconnects first, the upstream call
     is cancelled and its connection closed at once, and the span says so (``client_disconnected``).
+
+    ``token`` makes every route but ``GET /health`` require ``Authorization: Bearer <token>`` (agents pass it as
+    their OpenAI API key); the agent's header is then never forwarded, and the upstream gets ``upstream_api_key``.
+    ``GET /metrics`` serves Prometheus counters of spans written and dropped.
     """
     proxy = LLMProxy(
         store,
@@ -661,6 +671,7 @@ def create_proxy_app(
         upstream_timeout_s=upstream_timeout_s,
         id_cache_ttl_s=id_cache_ttl_s,
         span_batch_size=span_batch_size,
+        forward_agent_auth=token is None,
     )
 
     @asynccontextmanager
@@ -670,6 +681,10 @@ def create_proxy_app(
 
     app = FastAPI(title="Agent Lightning LLM proxy", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.llm_proxy = proxy
+    if token is not None:
+        app.add_middleware(ProxyTokenMiddleware, token=token)
+    app.add_route("/health", health, methods=["GET"])
+    app.add_route("/metrics", metrics_endpoint(proxy.writer), methods=["GET"])
 
     async def chat(request: Request) -> Response:
         return await proxy.forward_call(request, "chat", "/chat/completions")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import threading
 from dataclasses import dataclass
@@ -14,11 +15,42 @@ from typing import Any
 import uvicorn
 
 from agentlightning._loops import close_loop
+from agentlightning.proxy._edge import PROXY_TOKEN_ENV
 from agentlightning.proxy.app import DEFAULT_UPSTREAM_TIMEOUT_S, create_proxy_app, proxy_of
 from agentlightning.store.base import LightningStore
 
 
-def _resolve_store(store: LightningStore | None, store_url: str | None) -> LightningStore:
+def resolve_proxy_token(host: str, token: str | None) -> str | None:
+    """The token the proxy requires (argument, else ``AGL_PROXY_TOKEN``); refuses a non-loopback bind without one."""
+    from agentlightning.server._run import is_loopback
+
+    token = token or os.environ.get(PROXY_TOKEN_ENV) or None
+    if token is None and not is_loopback(host):
+        raise ValueError(
+            f"refusing to serve the LLM proxy on {host!r} without a token: anyone who can reach it could spend the "
+            f"upstream's quota and write spans into your rollouts. Pass token=... (agl proxy --token ...) or set "
+            f"{PROXY_TOKEN_ENV}, or bind to 127.0.0.1."
+        )
+    return token
+
+
+async def probe_store(store: LightningStore) -> None:
+    """Fail fast with one clear error when the store is unreachable or refuses the proxy's credentials."""
+    from agentlightning.client import StoreUnavailableError
+
+    try:
+        await store.statistics()
+    except PermissionError as exc:
+        raise PermissionError(
+            f"{exc}; the proxy writes spans with the store token (agl proxy --store-token, or AGENTLIGHTNING_TOKEN)"
+        ) from None
+    except StoreUnavailableError as exc:
+        raise StoreUnavailableError(f"the LLM proxy cannot reach its store: {exc}") from None
+
+
+def _resolve_store(
+    store: LightningStore | None, store_url: str | None, store_token: str | None = None
+) -> LightningStore:
     if (store is None) == (store_url is None):
         raise ValueError(
             "give the proxy exactly one store: store_url='http://host:4747' for a running `agl store`, "
@@ -29,7 +61,7 @@ def _resolve_store(store: LightningStore | None, store_url: str | None) -> Light
     from agentlightning.client import LightningStoreClient
 
     assert store_url is not None
-    return LightningStoreClient(store_url)
+    return LightningStoreClient(store_url, token=store_token)
 
 
 def serve_proxy(
@@ -40,16 +72,24 @@ def serve_proxy(
     host: str = "127.0.0.1",
     port: int = 4748,
     upstream_timeout_s: float = DEFAULT_UPSTREAM_TIMEOUT_S,
+    token: str | None = None,
+    store_token: str | None = None,
     **options: Any,
 ) -> None:
     """Serve the LLM proxy until interrupted; spans go to ``store`` or the store server at ``store_url``.
 
-    ``upstream_timeout_s`` and ``options`` are passed to :func:`agentlightning.proxy.create_proxy_app`
-    (``request_token_ids``, ``provider``...).
+    ``token`` (else ``AGL_PROXY_TOKEN``) is what callers must send; required beyond loopback. ``store_token`` (else
+    ``AGENTLIGHTNING_TOKEN``) is how the proxy writes spans to ``store_url``; the store is probed first, so a wrong
+    URL or token fails here, before any agent's spans could be lost. ``upstream_timeout_s`` and ``options`` are
+    passed to :func:`agentlightning.proxy.create_proxy_app` (``request_token_ids``, ``upstream_api_key``...).
     Agents then use ``http://{host}:{port}/rollout/{rollout_id}/attempt/{attempt_id}/v1`` as their OpenAI base URL
-    (``LLM(base_url=..., proxied=True).base_url_for(rollout_id, attempt_id)`` builds it).
+    (``LLM(base_url=..., proxied=True, api_key=token).base_url_for(rollout_id, attempt_id)`` builds it).
     """
-    app = create_proxy_app(_resolve_store(store, store_url), upstream, upstream_timeout_s=upstream_timeout_s, **options)
+    token = resolve_proxy_token(host, token)
+    resolved = _resolve_store(store, store_url, store_token)
+    if store_url is not None:
+        asyncio.run(probe_store(resolved))
+    app = create_proxy_app(resolved, upstream, upstream_timeout_s=upstream_timeout_s, token=token, **options)
     uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
 
 

@@ -10,6 +10,7 @@ from agentlightning.extras import require_server_extra
 
 require_server_extra("the store server (agentlightning.server)")
 
+from agentlightning.client import TOKEN_ENV
 from agentlightning.server._app import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_SPANS_PER_REQUEST,
@@ -18,7 +19,6 @@ from agentlightning.server._app import (
 )
 from agentlightning.server._run import (
     DEFAULT_WATCHDOG_INTERVAL_S,
-    TOKEN_ENV,
     StoreServer,
     is_loopback,
     serve_store,

@@ -16,13 +16,13 @@ from typing import Any, Final
 
 import uvicorn
 
+from agentlightning.client import TOKEN_ENV
 from agentlightning.server._app import create_app
 from agentlightning.store import LightningStore, open_store
 from agentlightning.store.watchdog import Watchdog
 
 logger = logging.getLogger("agentlightning.server")
 
-TOKEN_ENV: Final = "AGENTLIGHTNING_TOKEN"
 BACKENDS: Final = ("sqlite", "memory", "postgres")
 # Seconds between the server's own watchdog ticks: an attempt is marked at most this long after its timeout. A tick
 # is one write transaction (SQLite) or one row-locking query over the live rollouts (PostgreSQL, SKIP LOCKED), so
