@@ -118,13 +118,52 @@ def add_otlp_route(
             },
             "responses": {
                 "200": {"description": "ExportTraceServiceResponse (partial_success lists rejected spans)."},
-                "400": {
-                    "description": "google.rpc.Status: not an OTLP export, or a double that is NaN or Infinity "
-                    "(the message names the span and attribute; JSON, which the store keeps, has no such numbers)."
-                },
             },
         },
     )
+
+    _document_status_errors(app)
+
+
+# What the route answers as google.rpc.Status (in the request's encoding), as OTLP/HTTP specifies; 401/403 come from
+# the server's edge in its own error shape, and 413 from either (a Content-Length over the limit is refused there).
+_STATUS_ERRORS: Final = {
+    "400": "google.rpc.Status (code 3): not an OTLP export, or a double that is NaN or Infinity (the message names "
+    "the span and attribute; JSON, which the store keeps, has no such numbers).",
+    "413": "google.rpc.Status (code 8): more spans than max_spans_per_request, or a body over the limit once "
+    "decompressed; ErrorBody when the Content-Length alone is over the limit.",
+    "415": "google.rpc.Status (code 3): a content-type or content-encoding OTLP/HTTP does not define.",
+}
+_RPC_STATUS_SCHEMA: Final = {
+    "title": "GoogleRpcStatus",
+    "type": "object",
+    "properties": {"code": {"type": "integer"}, "message": {"type": "string"}},
+    "required": ["code", "message"],
+}
+
+
+def _document_status_errors(app: FastAPI) -> None:
+    """Make the spec of ``POST /v1/traces`` name the errors it answers: the app-wide ErrorBody ones do not apply."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        spec = generate()
+        schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+        schemas["GoogleRpcStatus"] = _RPC_STATUS_SCHEMA
+        status = {"$ref": "#/components/schemas/GoogleRpcStatus"}
+        binary = {"schema": {"type": "string", "format": "binary"}}
+        responses = spec["paths"]["/v1/traces"]["post"]["responses"]
+        for code in ("404", "409", "422"):  # the route never answers these
+            responses.pop(code, None)
+        for code, text in _STATUS_ERRORS.items():
+            json_schema = {"oneOf": [status, {"$ref": "#/components/schemas/ErrorBody"}]} if code == "413" else status
+            responses[code] = {
+                "description": text,
+                "content": {PROTOBUF: binary, JSON: {"schema": json_schema}},
+            }
+        return spec
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI documents overriding it this way
 
 
 async def _read_body(request: Request, max_body_bytes: int) -> bytes:

@@ -203,3 +203,24 @@ async def test_export_limits(api: httpx.AsyncClient, store: InMemoryLightningSto
     assert response.status_code == 413
     assert "decompressed request body" in status_pb2.Status.FromString(response.content).message
     assert (await store.statistics()).total_spans == 0
+
+
+async def test_the_spec_documents_the_errors_the_route_answers(api: httpx.AsyncClient) -> None:
+    spec = (await api.get("/openapi.json")).json()
+    responses = spec["paths"]["/v1/traces"]["post"]["responses"]
+    # google.rpc.Status for the route's own refusals (not the store's ErrorBody), and no 404/409/422 it never sends.
+    assert sorted(responses) == ["200", "400", "401", "403", "413", "415"]
+    status_ref = {"$ref": "#/components/schemas/GoogleRpcStatus"}
+    for code in ("400", "415"):
+        assert responses[code]["content"]["application/json"]["schema"] == status_ref
+        assert responses[code]["content"]["application/x-protobuf"]["schema"]["format"] == "binary"
+    assert status_ref in responses["413"]["content"]["application/json"]["schema"]["oneOf"]
+    schema = spec["components"]["schemas"]["GoogleRpcStatus"]
+    # What the route sends matches what the spec says it sends.
+    bad = await api.post("/v1/traces", content=b"{", headers={"content-type": "application/json"})
+    json_brotli = {"content-type": "application/json", "content-encoding": "br"}
+    unknown = await api.post("/v1/traces", content=b"x", headers=json_brotli)
+    for answer, code in ((bad, 400), (unknown, 415)):
+        assert answer.status_code == code
+        body = answer.json()
+        assert sorted(body) == sorted(schema["required"]) and isinstance(body["code"], int)
