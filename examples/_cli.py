@@ -71,6 +71,7 @@ def main(command: ExampleCommand, argv: list[str] | None = None) -> None:
     if args.dev:
         asyncio.run(command.dev(run_dir=run_dir, console=console))
         return
+    store = run_dir / "store.db"  # kept after the run: `agl store --path` serves it with the dashboard
     if args.model:
         try:
             outcome = command.train_gpu(
@@ -85,9 +86,26 @@ def main(command: ExampleCommand, argv: list[str] | None = None) -> None:
             raise SystemExit(f"error: {exc}") from exc
     else:
         outcome = command.train_cpu(
-            steps=args.steps or command.cpu_steps, seed=args.seed, run_dir=run_dir, console=console
+            steps=args.steps or command.cpu_steps, seed=args.seed, run_dir=run_dir, console=console, store=str(store)
         )
+    curve = write_reward_curve(command, outcome, run_dir)
     console.print(
         f"validation {command.metric} (greedy): {outcome.val_before:.2f} → {outcome.val_after:.2f} after "
         f"{len(outcome.algorithm.history)} steps in {outcome.wall_s:.0f} s; run directory {run_dir}"
+    )
+    console.print(f"reward curve: {curve}", soft_wrap=True)
+    console.print(
+        f"rollouts and spans: agl store --path {store}, then open http://127.0.0.1:4747/ (dashboard), "
+        f"or agl rollouts --store {store}",
+        soft_wrap=True,
+    )
+
+
+def write_reward_curve(command: ExampleCommand, outcome: TrainOutcome, run_dir: Path) -> Path:
+    """``run_dir/reward_curve.png``, titled with the example's task and what its reward measures."""
+    from agentlightning_trainer import plot_reward_curve
+
+    title = f"LightningRL on the {command.name} example (validation: {command.metric})"
+    return plot_reward_curve(
+        outcome.algorithm.history, outcome.algorithm.val_history, run_dir / "reward_curve.png", title=title
     )

@@ -13,9 +13,12 @@ def plot_reward_curve(
     val_history: Sequence[tuple[int, float]],
     path: Path,
     *,
-    title: str = "LightningRL on the tool-choice task",
+    title: str,
 ) -> Path:
-    """Write the train and validation reward curves to ``path`` (matplotlib, no display needed)."""
+    """Write the train and validation reward curves to ``path`` (matplotlib, no display needed).
+
+    ``title`` names the task; it heads the plot and is the PNG's ``Title`` metadata.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,6 +45,6 @@ def plot_reward_curve(
     ax.legend(loc="lower right", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Title": title})
     plt.close(fig)
     return path
