@@ -219,3 +219,15 @@ def test_train_runs_the_baseline_on_an_embedded_store(tmp_path: Path, monkeypatc
     assert no_tasks.exit_code != 0 and "--tasks" in no_tasks.output
     not_algorithm = CliRunner().invoke(app, [*args, "--algorithm", "tiny_agent_mod2:AGENT_NAME"], env=WIDE)
     assert not_algorithm.exit_code != 0 and "gave str" in not_algorithm.output
+
+
+def test_troubleshooting_page_covers_every_check_diagnosis() -> None:
+    from agentlightning.adapter import check
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    # Each diagnosis's opening words, as `agl check` prints them (FIX_NO_TOKEN_IDS follows "no token ids: ").
+    heads = [check.FIX_NO_SPANS.split(":")[0], check.FIX_NO_CALLS.split(":")[0], check.FIX_NO_REWARD]
+    heads += ["no token ids", "lack token ids", "prompts over max_prompt_tokens", "responses over max_response_tokens"]
+    heads += ["no readable reward", "no calls matched", "without gen_ai.response.id cannot be joined"]
+    for head in heads:
+        assert head in page, head
