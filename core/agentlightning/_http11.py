@@ -60,22 +60,39 @@ class Http11Pool:
         self._closed = False
 
     async def request(
-        self, method: str, target: str, headers: Mapping[str, str], body: bytes | None, timeout_s: float
+        self,
+        method: str,
+        target: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        timeout_s: float,
+        *,
+        replayable: bool | None = None,
     ) -> Answer:
-        """Send one request and read its answer; TransportFailure when the exchange fails."""
+        """Send one request and read its answer; TransportFailure when the exchange fails.
+
+        ``replayable``: whether the request may be re-sent on a fresh connection when a pooled one ends without an
+        answer (it may have reached the server); default: idempotent methods and requests with an Idempotency-Key.
+        """
         head = [f"{method} {target} HTTP/1.1\r\n".encode("latin-1"), self._host_header]
         head += [f"{name}: {value}\r\n".encode("latin-1") for name, value in headers.items()]
         payload = body or b""
         head.append(b"content-length: %d\r\n\r\n" % len(payload))
         message = b"".join(head) + payload
-        async with self._slots:
-            try:
-                async with asyncio.timeout(timeout_s):
-                    return await self._exchange(method, message)
-            except TimeoutError as exc:
-                raise TransportFailure(f"no answer from {self.host}:{self.port} within {timeout_s:.1f} s") from exc
+        if replayable is None:
+            replayable = method in _REPLAYABLE_METHODS or any(name.lower() == "idempotency-key" for name in headers)
+        waited = True
+        try:
+            # The wait for a free connection counts against the timeout too: a full pool must not block forever.
+            async with asyncio.timeout(timeout_s):
+                async with self._slots:
+                    waited = False
+                    return await self._exchange(method, message, replayable)
+        except TimeoutError as exc:
+            what = "free connection" if waited else "answer"
+            raise TransportFailure(f"no {what} from {self.host}:{self.port} within {timeout_s:.1f} s") from exc
 
-    async def _exchange(self, method: str, message: bytes) -> Answer:
+    async def _exchange(self, method: str, message: bytes, replayable: bool) -> Answer:
         while self._idle:
             connection = self._idle.pop()
             if not connection.usable():
@@ -83,9 +100,14 @@ class Http11Pool:
                 continue
             try:
                 return await self._send(connection, method, message)
-            except _StaleConnection:
-                # The server closed this idle connection before reading the request (keep-alive timeout), so the
-                # request did not run: send it on another connection at once rather than report a failure.
+            except _StaleConnection as exc:
+                # Most often the server closed this idle connection (keep-alive timeout) before reading the request,
+                # but a server that read it and died looks the same: only a request that acts once anyway is re-sent.
+                if not replayable:
+                    raise TransportFailure(
+                        f"{self.host}:{self.port} closed the connection after the {method} was sent; not re-sent, "
+                        "since it may have acted and carries no Idempotency-Key"
+                    ) from exc
                 continue
         try:
             reader, writer = await asyncio.open_connection(self.host, self.port, limit=_MAX_HEAD_BYTES)
@@ -104,6 +126,10 @@ class Http11Pool:
             head = await connection.reader.readuntil(b"\r\n\r\n")
             answered = True
             answer, keep = await _read_answer(connection.reader, head, method)
+            while 100 <= answer.status_code < 200 and answer.status_code != 101:
+                # Interim answers (100 Continue, 103 Early Hints) precede the final one on the same connection.
+                head = await connection.reader.readuntil(b"\r\n\r\n")
+                answer, keep = await _read_answer(connection.reader, head, method)
         except BaseException as exc:
             connection.close()
             if isinstance(exc, asyncio.IncompleteReadError | ConnectionError) and not answered:
@@ -126,6 +152,10 @@ class Http11Pool:
         for connection in idle:
             with contextlib.suppress(OSError):
                 await connection.writer.wait_closed()
+
+
+# Methods whose repetition acts once (RFC 9110 idempotent methods); others are re-sent only with an Idempotency-Key.
+_REPLAYABLE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 
 
 class _StaleConnection(Exception):

@@ -180,7 +180,10 @@ class LightningStoreClient(LightningStore):
             try:
                 if isinstance(client, Http11Pool):
                     target = self._base_path + path + (f"?{urlencode(params)}" if params else "")
-                    response = await client.request(method, target, {**self._headers, **headers}, body, timeout)
+                    # Every store operation acts once when repeated (keyed, or idempotent by id): this loop re-sends
+                    # all of them, so the pool may re-send at once on a fresh connection too.
+                    merged = {**self._headers, **headers}
+                    response = await client.request(method, target, merged, body, timeout, replayable=True)
                 else:
                     response = await _send_httpx(client, method, self.url + path, body, params, headers, timeout)
             except (httpx.TransportError, TransportFailure) as exc:  # connect/read errors and timeouts

@@ -142,3 +142,61 @@ async def test_refused_garbled_and_silent_servers_fail_as_transport_errors(
     _, pool = await serve(silent)
     with pytest.raises(TransportFailure, match=r"within 0\.2 s"):
         await pool.request("GET", "/", {}, None, 0.2)
+
+
+async def test_interim_1xx_answers_are_skipped_for_the_final_one(
+    serve: Callable[[Respond], Awaitable[tuple[_Server, Http11Pool]]],
+) -> None:
+    async def interim_then_ok(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n")
+        await _ok(reader, writer)
+
+    state, pool = await serve(interim_then_ok)
+    first = await pool.request("POST", "/x", {}, b"{}", 5.0)
+    assert (first.status_code, first.content) == (200, b"{}")
+    second = await pool.request("POST", "/x", {}, b"{}", 5.0)  # the connection stayed in step
+    assert (second.status_code, state.connections) == (200, 1)
+
+
+async def test_the_wait_for_a_free_connection_is_bounded(
+    serve: Callable[[Respond], Awaitable[tuple[_Server, Http11Pool]]],
+) -> None:
+    release = asyncio.Event()
+
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await release.wait()
+        await _ok(reader, writer)
+
+    _, pool = await serve(slow)  # max_connections=4
+    busy = [asyncio.create_task(pool.request("GET", "/x", {}, None, 30.0)) for _ in range(4)]
+    await asyncio.sleep(0.1)
+    with pytest.raises(TransportFailure, match="no free connection"):
+        await pool.request("GET", "/x", {}, None, 0.3)
+    release.set()
+    assert [answer.status_code for answer in await asyncio.gather(*busy)] == [200] * 4
+
+
+async def test_a_post_that_may_have_acted_is_not_re_sent_without_a_key(
+    serve: Callable[[Respond], Awaitable[tuple[_Server, Http11Pool]]],
+) -> None:
+    answers = 0
+
+    async def drop_the_second_and_fourth(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # These two requests are read (they may have acted) and their connection dropped without an answer.
+        nonlocal answers
+        answers += 1
+        if answers in (2, 4):
+            writer.close()
+        else:
+            await _ok(reader, writer)
+
+    state, pool = await serve(drop_the_second_and_fourth)
+    assert (await pool.request("POST", "/x", {}, b"{}", 5.0)).status_code == 200
+    with pytest.raises(TransportFailure, match="not re-sent"):
+        await pool.request("POST", "/x", {}, b"{}", 5.0)
+    assert len(state.requests) == 2  # sent once, not twice
+
+    # With an Idempotency-Key (or an idempotent method) the same loss is re-sent on a fresh connection.
+    assert (await pool.request("POST", "/x", {}, b"{}", 5.0)).status_code == 200
+    keyed = await pool.request("POST", "/x", {"Idempotency-Key": "k1"}, b"{}", 5.0)
+    assert keyed.status_code == 200 and len(state.requests) == 5
