@@ -17,6 +17,10 @@ from typing import Any
 import httpx
 
 _CRLF = b"\r\n"
+# Methods whose repetition acts once (RFC 9110 idempotent methods); others are re-sent only with an Idempotency-Key.
+_REPLAYABLE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
+REPLAYABLE_EXTENSION = "agentlightning.replayable"
+"""Request extension a caller sets True for a request that acts once however often it is sent (any method)."""
 
 
 class _Connection:
@@ -134,7 +138,15 @@ class LeanHTTPTransport(httpx.AsyncBaseTransport):
             lines.append(b"content-length: " + str(len(body)).encode())
         payload = _CRLF.join(lines) + _CRLF + _CRLF + body
         idle = self._idle.get(key)
-        # A pooled connection may have been closed by the upstream while idle: then retry once on a fresh one.
+        while idle and (idle[-1].reader.at_eof() or idle[-1].writer.is_closing()):
+            idle.pop().close()  # the upstream closed it while idle (keep-alive timeout): never send on it
+        # A pooled connection can still be closed under a request in flight; the request may then have reached the
+        # upstream, so only one that acts once when repeated is re-sent on a fresh connection.
+        replayable = (
+            request.method in _REPLAYABLE_METHODS
+            or "idempotency-key" in request.headers
+            or request.extensions.get(REPLAYABLE_EXTENSION) is True
+        )
         for reused in (True, False):
             conn = idle.pop() if reused and idle else await self._connect(key[0], key[1], timeouts.get("connect"))
             try:
@@ -147,7 +159,7 @@ class LeanHTTPTransport(httpx.AsyncBaseTransport):
                 raise httpx.ReadTimeout(f"the upstream {key[0]}:{key[1]} did not answer in time") from exc
             except OSError as exc:
                 conn.close()
-                if reused and idle is not None:
+                if reused and idle is not None and replayable:
                     continue
                 raise httpx.ReadError(f"the upstream {key[0]}:{key[1]} dropped the request: {exc!r}") from exc
             except BaseException:
@@ -167,22 +179,33 @@ class LeanHTTPTransport(httpx.AsyncBaseTransport):
         read_s: float | None,
     ) -> httpx.Response:
         try:
-            parts = status_line.split(b" ", 2)
-            status = int(parts[1])
-            headers: list[tuple[bytes, bytes]] = []
-            framing: int | str | None = None
-            keep_alive = True
-            while (line := await conn.reader.readline()) not in (_CRLF, b"\n", b""):
-                name, _, value = line.partition(b":")
-                name, value = name.strip(), value.strip()
-                headers.append((name, value))
-                lowered = name.lower()
-                if lowered == b"content-length":
-                    framing = int(value)
-                elif lowered == b"transfer-encoding" and b"chunked" in value.lower():
-                    framing = "chunked"
-                elif lowered == b"connection" and value.lower() == b"close":
-                    keep_alive = False
+            while True:
+                parts = status_line.split(b" ", 2)
+                status = int(parts[1])
+                headers: list[tuple[bytes, bytes]] = []
+                framing: int | str | None = None
+                keep_alive = True
+                # Each header line within the read timeout: an upstream that stalls mid-head is not waited on forever.
+                while (line := await asyncio.wait_for(conn.reader.readline(), read_s)) not in (_CRLF, b"\n", b""):
+                    name, _, value = line.partition(b":")
+                    name, value = name.strip(), value.strip()
+                    headers.append((name, value))
+                    lowered = name.lower()
+                    if lowered == b"content-length":
+                        framing = int(value)
+                    elif lowered == b"transfer-encoding" and b"chunked" in value.lower():
+                        framing = "chunked"
+                    elif lowered == b"connection" and value.lower() == b"close":
+                        keep_alive = False
+                if not (100 <= status < 200 and status != 101):
+                    break
+                # An interim answer (100 Continue, 103 Early Hints): the final one follows on the same connection.
+                status_line = await asyncio.wait_for(conn.reader.readline(), read_s)
+        except TimeoutError as exc:  # before OSError: TimeoutError is one
+            conn.close()
+            raise httpx.ReadTimeout(
+                f"the upstream {key[0]}:{key[1]} stalled in the middle of its answer's head"
+            ) from exc
         except (ValueError, IndexError, OSError) as exc:
             conn.close()
             raise httpx.RemoteProtocolError(f"the upstream sent a malformed answer: {status_line!r}") from exc

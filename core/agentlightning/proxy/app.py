@@ -34,7 +34,7 @@ from agentlightning.proxy._record import (
     strip_responses,
 )
 from agentlightning.proxy._sse import split_events
-from agentlightning.proxy._transport import LeanHTTPTransport
+from agentlightning.proxy._transport import REPLAYABLE_EXTENSION, LeanHTTPTransport
 from agentlightning.proxy._writer import SpanWriter
 from agentlightning.store.base import LightningStore, NotFoundError
 
@@ -303,6 +303,9 @@ class LLMProxy:
         # Per read: bounds each gap between the chunks of a stream, whose whole length has no limit.
         self._timeout = httpx.Timeout(upstream_timeout_s, connect=min(upstream_timeout_s, 10.0))
         self._extensions: dict[str, Any] = {"timeout": self._timeout.as_dict()}
+        # A chat completion, or a Responses call the upstream does not store, changes nothing upstream: the lean
+        # transport may re-send it when a pooled connection closes under it (see REPLAYABLE_EXTENSION).
+        self._replayable_extensions: dict[str, Any] = {**self._extensions, REPLAYABLE_EXTENSION: True}
         self._urls: dict[str, httpx.URL] = {}
         self._client: httpx.AsyncClient | None = None
         self._transport: httpx.AsyncBaseTransport | None = None
@@ -533,8 +536,10 @@ class LLMProxy:
             try:
                 # Straight to the client's pooled transport: the client's auth/redirect/cookie steps are not needed
                 # on this path and cost measurable time on every call.
+                stateless = endpoint == "chat" or body.get("store") is False
+                extensions = self._replayable_extensions if stateless else self._extensions
                 upstream_request = httpx.Request(
-                    "POST", self._url(path), content=content or raw, headers=headers, extensions=self._extensions
+                    "POST", self._url(path), content=content or raw, headers=headers, extensions=extensions
                 )
                 response = await self.transport.handle_async_request(upstream_request)
             except _READ_TIMEOUTS:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import httpx
 import pytest
 
-from agentlightning.proxy._transport import LeanHTTPTransport
+from agentlightning.proxy._transport import REPLAYABLE_EXTENSION, LeanHTTPTransport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -26,8 +26,11 @@ async def _serve(handler: Handler) -> tuple[asyncio.Server, str]:
     return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/x"
 
 
-async def _post(transport: LeanHTTPTransport, url: str, body: bytes) -> httpx.Response:
-    response = await transport.handle_async_request(httpx.Request("POST", url, content=body))
+async def _post(
+    transport: LeanHTTPTransport, url: str, body: bytes, extensions: Mapping[str, object] | None = None
+) -> httpx.Response:
+    request = httpx.Request("POST", url, content=body, extensions=dict(extensions or {}))
+    response = await transport.handle_async_request(request)
     await response.aread()
     await response.aclose()
     return response
@@ -55,24 +58,83 @@ async def test_chunked_and_close_delimited_bodies() -> None:
         assert (chunked.status_code, chunked.content) == (200, b"abcde")
         reused = await _post(transport, url, b"again")
         assert (reused.status_code, reused.content) == (201, b"ok")
-        closed = await _post(transport, url, b"close")
+        # The server closed the connection after "again": only a request marked replayable is re-sent on a new one.
+        closed = await _post(transport, url, b"close", {REPLAYABLE_EXTENSION: True})
         assert closed.content == b"until the end"
         await transport.aclose()
 
 
-async def test_stale_pooled_connection_is_retried_once_on_a_fresh_one() -> None:
+async def test_stale_pooled_connection_is_retried_once_on_a_fresh_one_when_replayable() -> None:
+    received: list[bytes] = []
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _read_request(reader)
+        received.append(await _read_request(reader))
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi")
         await writer.drain()
         writer.close()  # keep-alive promised, connection dropped anyway (an idle timeout upstream)
 
     server, url = await _serve(handler)
     transport = LeanHTTPTransport()
+    replayable = {REPLAYABLE_EXTENSION: True}
     async with server:
         for _ in range(3):
-            assert (await _post(transport, url, b"x")).content == b"hi"
+            assert (await _post(transport, url, b"x", replayable)).content == b"hi"
         await transport.aclose()
+    assert received == [b"x"] * 3  # each ran once: the dropped connection never read the re-sent request
+
+
+async def test_a_post_that_may_have_reached_the_upstream_is_not_re_sent() -> None:
+    calls = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal calls
+        while True:
+            try:
+                await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            calls += 1
+            if calls == 2:  # read (it may have acted), then the connection drops without an answer
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi")
+            await writer.drain()
+        writer.close()
+
+    server, url = await _serve(handler)
+    transport = LeanHTTPTransport()
+    async with server:
+        assert (await _post(transport, url, b"x")).content == b"hi"
+        with pytest.raises(httpx.ReadError, match="dropped the request"):
+            await _post(transport, url, b"x")
+        assert calls == 2
+        await transport.aclose()
+
+
+async def test_interim_answers_are_skipped_and_a_stalled_head_times_out() -> None:
+    finished = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (body := await _read_request(reader)) == b"interim":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi")
+            await writer.drain()
+        assert body == b"stall"
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")  # and then nothing
+        await writer.drain()
+        await reader.read()  # until the transport gives up and closes the connection
+        writer.close()
+        finished.set()
+
+    server, url = await _serve(handler)
+    transport = LeanHTTPTransport()
+    timeout = {"timeout": {"connect": 1.0, "read": 0.3}}
+    async with server:
+        answer = await _post(transport, url, b"interim", timeout)
+        assert (answer.status_code, answer.content) == (200, b"hi")
+        with pytest.raises(httpx.ReadTimeout, match="stalled"):
+            await _post(transport, url, b"stall", timeout)
+        await transport.aclose()
+        await asyncio.wait_for(finished.wait(), 5)  # the server saw the stalled connection closed
 
 
 async def test_unreachable_and_malformed_upstreams_raise_httpx_errors() -> None:
