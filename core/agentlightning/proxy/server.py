@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import threading
 from dataclasses import dataclass
@@ -22,16 +21,16 @@ from agentlightning.store.base import LightningStore
 
 def resolve_proxy_token(host: str, token: str | None) -> str | None:
     """The token the proxy requires (argument, else ``AGL_PROXY_TOKEN``); refuses a non-loopback bind without one."""
-    from agentlightning.server._run import is_loopback
+    from agentlightning.server._run import require_bind_token
 
-    token = token or os.environ.get(PROXY_TOKEN_ENV) or None
-    if token is None and not is_loopback(host):
-        raise ValueError(
-            f"refusing to serve the LLM proxy on {host!r} without a token: anyone who can reach it could spend the "
-            f"upstream's quota and write spans into your rollouts. Pass token=... (agl proxy --token ...) or set "
-            f"{PROXY_TOKEN_ENV}, or bind to 127.0.0.1."
-        )
-    return token
+    return require_bind_token(
+        host,
+        token,
+        env=PROXY_TOKEN_ENV,
+        refusal=f"refusing to serve the LLM proxy on {host!r} without a token: anyone who can reach it could spend "
+        f"the upstream's quota and write spans into your rollouts. Pass token=... (agl proxy --token ...) or set "
+        f"{PROXY_TOKEN_ENV}, or bind to 127.0.0.1.",
+    )
 
 
 async def probe_store(store: LightningStore) -> None:

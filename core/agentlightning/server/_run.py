@@ -40,16 +40,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def require_bind_token(host: str, token: str | None, *, env: str, refusal: str) -> str | None:
+    """``token``, else the environment variable ``env``; a ValueError starting with ``refusal`` when there is none
+    and ``host`` accepts connections from other machines (the store and the LLM proxy share this rule)."""
+    token = token or os.environ.get(env) or None
+    if token is None and not is_loopback(host):
+        raise ValueError(refusal)
+    return token
+
+
 def resolve_token(host: str, token: str | None) -> str | None:
     """The token to require (argument, else ``AGENTLIGHTNING_TOKEN``); refuses a non-loopback bind without one."""
-    token = token or os.environ.get(TOKEN_ENV) or None
-    if token is None and not is_loopback(host):
-        raise ValueError(
-            f"refusing to serve the store on {host!r} without a token: anyone who can reach it could read and "
-            f"change every rollout. Pass token=... (agl store --token ...) or set {TOKEN_ENV}, "
-            "or bind to 127.0.0.1."
-        )
-    return token
+    return require_bind_token(
+        host,
+        token,
+        env=TOKEN_ENV,
+        refusal=f"refusing to serve the store on {host!r} without a token: anyone who can reach it could read and "
+        f"change every rollout. Pass token=... (agl store --token ...) or set {TOKEN_ENV}, or bind to 127.0.0.1.",
+    )
 
 
 def _check_watchdog_interval(interval_s: float) -> float:
