@@ -4,7 +4,8 @@ Usable from any number of event loops and threads (one connection pool per runni
 ``http://`` URLs, ``httpx`` for ``https://`` and custom transports); wrap it in
 :class:`agentlightning.store.SyncLightningStore` for blocking use. Connection errors and 5xx answers are retried
 with exponential backoff; every operation is safe to retry (span ingest is idempotent, and enqueue, claim, start,
-finish, cancel and add-resources carry an ``Idempotency-Key`` so a retry acts once). A 4xx raises the same error
+finish, cancel and add-resources carry an ``Idempotency-Key``, stored by the server with the write, so a retry acts
+once even across a server restart). A 4xx raises the same error
 type as a local store (NotFoundError, IllegalTransitionError, ValueError) with the server's message.
 """
 
@@ -30,6 +31,7 @@ from pydantic import TypeAdapter
 
 from agentlightning import _wire as m
 from agentlightning._http11 import Answer, Http11Pool, TransportFailure
+from agentlightning.store._keys import check_key
 from agentlightning.store.base import (
     IllegalTransitionError,
     LightningStore,
@@ -165,12 +167,16 @@ class LightningStoreClient(LightningStore):
         body: bytes | None = None,
         params: Mapping[str, Any] | None = None,
         keyed: bool = False,
+        key: str | None = None,
         wait_s: float = 0.0,
     ) -> Answer:
         client = await self._client()
         headers = dict(_JSON_HEADERS) if body is not None else {}
         if keyed:
-            headers[m.IDEMPOTENCY_HEADER] = uuid.uuid4().hex  # the same key on every retry of this call
+            # The same key on every retry of this call; the server stores it with the write, so a retry acts once
+            # even when the server was restarted in between.
+            check_key(key)
+            headers[m.IDEMPOTENCY_HEADER] = uuid.uuid4().hex if key is None else key
         timeout = self.timeout_s + wait_s
         failure = ""
         for attempt in range(self.max_retries + 1):
@@ -200,47 +206,61 @@ class LightningStoreClient(LightningStore):
         )
 
     # --- rollout queue -------------------------------------------------------------------------------------------
-    async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+    async def enqueue_rollouts(
+        self, requests: Sequence[RolloutRequest], *, idempotency_key: str | None = None
+    ) -> list[Rollout]:
         """Enqueue rollouts in the given order (one transaction); returns them with ids, status ``queuing``."""
         body = b'{"requests":' + m.REQUESTS.dump_json(list(requests)) + b"}"
-        response = await self._request("POST", "/v1/rollouts", body=body, keyed=True)
+        response = await self._request("POST", "/v1/rollouts", body=body, keyed=True, key=idempotency_key)
         return m.ROLLOUTS.validate_json(response.content)
 
     async def claim_rollout(
-        self, worker_id: str | None = None, *, timeout_s: float | None = None
+        self, worker_id: str | None = None, *, timeout_s: float | None = None, idempotency_key: str | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout, long-polling the server up to ``timeout_s``."""
-        return await self._claim(worker_id, timeout_s, start=False)
+        return await self._claim(worker_id, timeout_s, start=False, key=idempotency_key)
 
     async def claim_and_start(
-        self, worker_id: str | None = None, *, timeout_s: float | None = None
+        self, worker_id: str | None = None, *, timeout_s: float | None = None, idempotency_key: str | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout and start its attempt, in one request (long-polling like a claim)."""
-        return await self._claim(worker_id, timeout_s, start=True)
+        return await self._claim(worker_id, timeout_s, start=True, key=idempotency_key)
 
-    async def _claim(self, worker_id: str | None, timeout_s: float | None, *, start: bool) -> ClaimedRollout | None:
+    async def _claim(
+        self, worker_id: str | None, timeout_s: float | None, *, start: bool, key: str | None
+    ) -> ClaimedRollout | None:
+        key = uuid.uuid4().hex if key is None else key  # one key for all the long polls of this call: one claims
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             wait = None if remaining is None else min(remaining, self.long_poll_s)
             body = orjson.dumps({"worker_id": worker_id, "timeout_s": wait, "start": start})
-            response = await self._request("POST", "/v1/rollouts/claim", body=body, keyed=True, wait_s=wait or 0.0)
+            response = await self._request(
+                "POST", "/v1/rollouts/claim", body=body, keyed=True, key=key, wait_s=wait or 0.0
+            )
             claimed = m.CLAIMED.validate_json(response.content)
             if claimed is not None or deadline is None or time.monotonic() >= deadline:
                 return claimed
 
-    async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
+    async def start_attempt(self, rollout_id: str, attempt_id: str, *, idempotency_key: str | None = None) -> Attempt:
         """Mark a claimed attempt (and its rollout) ``running``."""
-        response = await self._request("POST", f"{_attempt_path(rollout_id, attempt_id)}/start", keyed=True)
+        path = f"{_attempt_path(rollout_id, attempt_id)}/start"
+        response = await self._request("POST", path, keyed=True, key=idempotency_key)
         return m.ATTEMPT.validate_json(response.content)
 
     async def finish_attempt(
-        self, rollout_id: str, attempt_id: str, status: AttemptStatus, *, error: str | None = None
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        error: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Attempt:
         """Record an attempt's terminal status and move the rollout accordingly."""
         body = orjson.dumps({"status": status, "error": error})
         path = f"{_attempt_path(rollout_id, attempt_id)}/finish"
-        response = await self._request("POST", path, body=body, keyed=True)
+        response = await self._request("POST", path, body=body, keyed=True, key=idempotency_key)
         return m.ATTEMPT.validate_json(response.content)
 
     async def finish_attempt_with_spans(
@@ -251,18 +271,20 @@ class LightningStoreClient(LightningStore):
         spans: Sequence[Span],
         *,
         error: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Attempt:
         """Store an attempt's last spans, then record its terminal status, in one request."""
         _refuse_nonfinite(spans)
         head = orjson.dumps({"status": status, "error": error})
         body = head[:-1] + b',"spans":' + m.SPANS.dump_json(list(spans)) + b"}"
         path = f"{_attempt_path(rollout_id, attempt_id)}/finish"
-        response = await self._request("POST", path, body=body, keyed=True)
+        response = await self._request("POST", path, body=body, keyed=True, key=idempotency_key)
         return m.ATTEMPT.validate_json(response.content)
 
-    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+    async def cancel_rollout(self, rollout_id: str, *, idempotency_key: str | None = None) -> Rollout:
         """Cancel a non-terminal rollout."""
-        response = await self._request("POST", f"{_rollout_path(rollout_id)}/cancel", keyed=True)
+        path = f"{_rollout_path(rollout_id)}/cancel"
+        response = await self._request("POST", path, keyed=True, key=idempotency_key)
         return m.ROLLOUT.validate_json(response.content)
 
     async def update_rollout_metadata(self, rollout_id: str, metadata: Mapping[str, Any]) -> Rollout:
@@ -361,10 +383,12 @@ class LightningStoreClient(LightningStore):
                 return done
 
     # --- resources -----------------------------------------------------------------------------------------------
-    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourcesSnapshot:
+    async def add_resources(
+        self, resources: Mapping[str, Resource], *, idempotency_key: str | None = None
+    ) -> ResourcesSnapshot:
         """Store a new immutable snapshot; it becomes the latest."""
         body = b'{"resources":' + m.RESOURCES.dump_json(dict(resources)) + b"}"
-        response = await self._request("POST", "/v1/resources", body=body, keyed=True)
+        response = await self._request("POST", "/v1/resources", body=body, keyed=True, key=idempotency_key)
         return m.SNAPSHOT.validate_json(response.content)
 
     async def get_resources(self, resources_id: str | None = None) -> ResourcesSnapshot | None:

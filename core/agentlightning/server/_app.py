@@ -17,9 +17,9 @@ from starlette.responses import JSONResponse, Response
 
 from agentlightning import __version__, _wire as m
 from agentlightning.server._fast_route import FastRoute, OrjsonRoute
-from agentlightning.server._idempotency import IdempotencyCache
 from agentlightning.server._middleware import StoreEdgeMiddleware, StoreMetrics
 from agentlightning.server._otlp import add_otlp_route
+from agentlightning.store._keys import MAX_KEY_LENGTH
 from agentlightning.store.base import IllegalTransitionError, LightningStore, NotFoundError, StoreStatistics
 from agentlightning.types import (
     Attempt,
@@ -95,7 +95,6 @@ def create_app(
             f"max_spans_per_request={max_spans_per_request}, max_wait_s={max_wait_s}"
         )
     metrics = StoreMetrics()
-    idempotency = IdempotencyCache()
     waker = _ClaimWaker()
     app = FastAPI(
         **_no_native_telemetry(),
@@ -119,21 +118,23 @@ def create_app(
     def wait_budget(timeout_s: float | None) -> float:
         return max_wait_s if timeout_s is None else min(timeout_s, max_wait_s)
 
-    once = idempotency.run
     v1 = m.API_PREFIX
-    IdemKey = Header(default=None, alias=m.IDEMPOTENCY_HEADER, description="Retries with the same key act once.")
+    # The store records the key with the write, in its transaction: a retry acts once, even after a restart.
+    IdemKey = Header(
+        default=None,
+        alias=m.IDEMPOTENCY_HEADER,
+        min_length=1,
+        max_length=MAX_KEY_LENGTH,
+        description="Retries with the same key act once (kept for a day, across server restarts).",
+    )
 
     # --- rollout queue ---------------------------------------------------------------------------------------------
     @app.post(f"{v1}/rollouts", response_model=list[Rollout], tags=["rollouts"])
     async def enqueue_rollouts(body: m.EnqueueRolloutsBody, key: str | None = IdemKey) -> Response:
         """Enqueue rollouts in order (one transaction)."""
-
-        async def compute() -> Response:
-            rollouts = await store.enqueue_rollouts(body.requests)
-            waker.notify()
-            return _json(m.ROLLOUTS, rollouts)
-
-        return await once(f"enqueue:{key}" if key else None, compute)
+        rollouts = await store.enqueue_rollouts(body.requests, idempotency_key=key)
+        waker.notify()
+        return _json(m.ROLLOUTS, rollouts)
 
     @app.post(f"{v1}/rollouts/query", response_model=list[Rollout], tags=["rollouts"])
     async def query_rollouts(body: m.QueryRolloutsBody) -> Response:
@@ -158,14 +159,14 @@ def create_app(
     @app.post(f"{v1}/rollouts/claim", response_model=ClaimedRollout | None, tags=["rollouts"])
     async def claim_rollout(body: m.ClaimRolloutBody, request: Request, key: str | None = IdemKey) -> Response:
         """Claim the oldest claimable rollout (and start its attempt if asked), long-polling up to ``timeout_s``."""
+        budget = 0.0 if body.timeout_s is None else wait_budget(body.timeout_s)
+        claim = store.claim_and_start if body.start else store.claim_rollout
 
-        async def compute() -> Response:
-            budget = 0.0 if body.timeout_s is None else wait_budget(body.timeout_s)
-            claim = store.claim_and_start if body.start else store.claim_rollout
-            claimed = await _claim_waiting(claim, waker, request, body.worker_id, budget)
-            return _json(m.CLAIMED, claimed)
+        async def claim_once(worker_id: str | None) -> ClaimedRollout | None:
+            return await claim(worker_id, idempotency_key=key)
 
-        return await once(f"claim:{key}" if key else None, compute)
+        claimed = await _claim_waiting(claim_once, waker, request, body.worker_id, budget)
+        return _json(m.CLAIMED, claimed)
 
     @app.get(f"{v1}/rollouts/{{rollout_id}}", response_model=Rollout, tags=["rollouts"])
     async def get_rollout(rollout_id: str) -> Response:
@@ -175,11 +176,7 @@ def create_app(
     @app.post(f"{v1}/rollouts/{{rollout_id}}/cancel", response_model=Rollout, tags=["rollouts"])
     async def cancel_rollout(rollout_id: str, key: str | None = IdemKey) -> Response:
         """Cancel a non-terminal rollout."""
-
-        async def compute() -> Response:
-            return _json(m.ROLLOUT, await store.cancel_rollout(rollout_id))
-
-        return await once(f"cancel:{key}" if key else None, compute)
+        return _json(m.ROLLOUT, await store.cancel_rollout(rollout_id, idempotency_key=key))
 
     @app.patch(f"{v1}/rollouts/{{rollout_id}}/metadata", response_model=Rollout, tags=["rollouts"])
     async def update_rollout_metadata(rollout_id: str, body: m.UpdateMetadataBody) -> Response:
@@ -196,11 +193,7 @@ def create_app(
     @app.post(f"{attempt_path}/start", response_model=Attempt, tags=["attempts"])
     async def start_attempt(rollout_id: str, attempt_id: str, key: str | None = IdemKey) -> Response:
         """Mark a claimed attempt and its rollout running."""
-
-        async def compute() -> Response:
-            return _json(m.ATTEMPT, await store.start_attempt(rollout_id, attempt_id))
-
-        return await once(f"start:{key}" if key else None, compute)
+        return _json(m.ATTEMPT, await store.start_attempt(rollout_id, attempt_id, idempotency_key=key))
 
     @app.post(f"{attempt_path}/finish", response_model=Attempt, tags=["attempts"])
     async def finish_attempt(
@@ -210,18 +203,17 @@ def create_app(
         if len(body.spans) > max_spans_per_request:
             raise too_many_spans(len(body.spans))
 
-        async def compute() -> Response:
-            if body.spans:
-                attempt = await store.finish_attempt_with_spans(
-                    rollout_id, attempt_id, body.status, body.spans, error=body.error
-                )
-                metrics.spans_ingested.labels("rest").inc(len(body.spans))
-            else:
-                attempt = await store.finish_attempt(rollout_id, attempt_id, body.status, error=body.error)
-            waker.notify()
-            return _json(m.ATTEMPT, attempt)
-
-        return await once(f"finish:{key}" if key else None, compute)
+        if body.spans:
+            attempt = await store.finish_attempt_with_spans(
+                rollout_id, attempt_id, body.status, body.spans, error=body.error, idempotency_key=key
+            )
+            metrics.spans_ingested.labels("rest").inc(len(body.spans))
+        else:
+            attempt = await store.finish_attempt(
+                rollout_id, attempt_id, body.status, error=body.error, idempotency_key=key
+            )
+        waker.notify()
+        return _json(m.ATTEMPT, attempt)
 
     @app.post(f"{attempt_path}/heartbeat", response_model=Attempt, tags=["attempts"])
     async def heartbeat(rollout_id: str, attempt_id: str) -> Response:
@@ -273,10 +265,7 @@ def create_app(
     async def add_resources(body: m.AddResourcesBody, key: str | None = IdemKey) -> Response:
         """Store a new immutable resources snapshot; it becomes the latest."""
 
-        async def compute() -> Response:
-            return _json(m.SNAPSHOT, await store.add_resources(body.resources))
-
-        return await once(f"resources:{key}" if key else None, compute)
+        return _json(m.SNAPSHOT, await store.add_resources(body.resources, idempotency_key=key))
 
     @app.get(f"{v1}/resources", response_model=list[ResourcesSnapshot], tags=["resources"])
     async def list_resources() -> Response:

@@ -59,6 +59,14 @@ MIGRATIONS: Final[tuple[tuple[int, str, str], ...]] = (
         "rollouts.version: bumped by every state change, for compare-and-set writes without a transaction",
         "ALTER TABLE rollouts ADD COLUMN version BIGINT NOT NULL DEFAULT 0",
     ),
+    (
+        3,
+        "idempotency keys with the answer of their write, committed with it (see _keys)",
+        """
+        CREATE TABLE idempotency_keys (key TEXT PRIMARY KEY, create_time BIGINT NOT NULL, answer BYTEA NOT NULL);
+        CREATE INDEX idempotency_keys_age ON idempotency_keys(create_time)
+        """,
+    ),
 )
 
 SELECT_ROLLOUT: Final = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts"

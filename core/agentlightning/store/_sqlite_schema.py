@@ -64,6 +64,14 @@ MIGRATIONS: Final[tuple[tuple[int, str, str], ...]] = (
         DROP TABLE spans
         """,
     ),
+    (
+        3,
+        "idempotency keys with the answer of their write, committed with it (see _keys)",
+        """
+        CREATE TABLE idempotency_keys (key TEXT PRIMARY KEY, create_time INTEGER NOT NULL, answer BLOB NOT NULL);
+        CREATE INDEX idempotency_keys_age ON idempotency_keys(create_time)
+        """,
+    ),
 )
 
 ROLLOUT_FIELDS: Final = (

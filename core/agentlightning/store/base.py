@@ -70,8 +70,15 @@ class LightningStore(ABC):
 
     # --- rollout queue -------------------------------------------------------------------------------------------
     @abstractmethod
-    async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
-        """Enqueue rollouts in the given order (one transaction); returns them with ids, status ``queuing``."""
+    async def enqueue_rollouts(
+        self, requests: Sequence[RolloutRequest], *, idempotency_key: str | None = None
+    ) -> list[Rollout]:
+        """Enqueue rollouts in the given order (one transaction); returns them with ids, status ``queuing``.
+
+        Every write that can act twice takes an ``idempotency_key``: a repeated call with the same key (a retry
+        after a lost answer, even across a restart) acts once and returns the first answer. The key is stored with
+        the write, in its transaction, and kept for a day; see :mod:`agentlightning.store._keys`.
+        """
 
     async def enqueue_rollout(
         self,
@@ -81,6 +88,7 @@ class LightningStore(ABC):
         group_id: str | None = None,
         resources_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
         **config: Any,
     ) -> Rollout:
         """Enqueue one rollout; keyword ``config`` fields (timeout_s, max_attempts, ...) form its RolloutConfig."""
@@ -94,11 +102,11 @@ class LightningStore(ABC):
             config=RolloutConfig(**config),
             metadata=dict(metadata or {}),
         )
-        return (await self.enqueue_rollouts([request]))[0]
+        return (await self.enqueue_rollouts([request], idempotency_key=idempotency_key))[0]
 
     @abstractmethod
     async def claim_rollout(
-        self, worker_id: str | None = None, *, timeout_s: float | None = None
+        self, worker_id: str | None = None, *, timeout_s: float | None = None, idempotency_key: str | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout and create its next attempt (``preparing``).
 
@@ -107,11 +115,11 @@ class LightningStore(ABC):
         """
 
     @abstractmethod
-    async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
+    async def start_attempt(self, rollout_id: str, attempt_id: str, *, idempotency_key: str | None = None) -> Attempt:
         """Mark a claimed attempt (and its rollout) ``running``."""
 
     async def claim_and_start(
-        self, worker_id: str | None = None, *, timeout_s: float | None = None
+        self, worker_id: str | None = None, *, timeout_s: float | None = None, idempotency_key: str | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout and start its new attempt: both come back ``running``.
 
@@ -119,10 +127,12 @@ class LightningStore(ABC):
         :meth:`claim_rollout`. If the attempt stops being startable in between (a cancel, the watchdog), the claim
         stands and the start's IllegalTransitionError is raised: the attempt is already terminal, nothing leaks.
         """
-        claimed = await self.claim_rollout(worker_id, timeout_s=timeout_s)
+        claimed = await self.claim_rollout(worker_id, timeout_s=timeout_s, idempotency_key=idempotency_key)
         if claimed is None:
             return None
-        attempt = await self.start_attempt(claimed.rollout.rollout_id, claimed.attempt.attempt_id)
+        attempt = await self.start_attempt(
+            claimed.rollout.rollout_id, claimed.attempt.attempt_id, idempotency_key=idempotency_key
+        )
         # start_attempt changes nothing on the rollout but its status, so the claimed copy is brought up to date.
         return ClaimedRollout(rollout=claimed.rollout.model_copy(update={"status": "running"}), attempt=attempt)
 
@@ -134,6 +144,7 @@ class LightningStore(ABC):
         spans: Sequence[Span],
         *,
         error: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Attempt:
         """Store an attempt's last spans, then record its terminal status (one request over HTTP).
 
@@ -144,11 +155,17 @@ class LightningStore(ABC):
         check_spans_of_attempt(rollout_id, attempt_id, spans)
         if spans:
             await self.add_spans(spans)
-        return await self.finish_attempt(rollout_id, attempt_id, status, error=error)
+        return await self.finish_attempt(rollout_id, attempt_id, status, error=error, idempotency_key=idempotency_key)
 
     @abstractmethod
     async def finish_attempt(
-        self, rollout_id: str, attempt_id: str, status: AttemptStatus, *, error: str | None = None
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        error: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Attempt:
         """Record an attempt's terminal status and move the rollout accordingly.
 
@@ -158,7 +175,7 @@ class LightningStore(ABC):
         """
 
     @abstractmethod
-    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+    async def cancel_rollout(self, rollout_id: str, *, idempotency_key: str | None = None) -> Rollout:
         """Cancel a non-terminal rollout: it is no longer claimable and its live attempt stops counting."""
 
     @abstractmethod
@@ -226,7 +243,9 @@ class LightningStore(ABC):
 
     # --- resources -----------------------------------------------------------------------------------------------
     @abstractmethod
-    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourcesSnapshot:
+    async def add_resources(
+        self, resources: Mapping[str, Resource], *, idempotency_key: str | None = None
+    ) -> ResourcesSnapshot:
         """Store a new immutable snapshot; it becomes the latest."""
 
     @abstractmethod

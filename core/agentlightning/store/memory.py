@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
+from agentlightning.store._keys import KEY_TTL_NS, KeyedOp, check_key, decode, encode, scoped
 from agentlightning.store._statemachine import (
     CLAIMABLE,
     LIVE_ATTEMPT,
@@ -42,6 +43,8 @@ from agentlightning.types import (
     RolloutStatus,
     Span,
 )
+
+T = TypeVar("T")
 
 
 class _AttemptSpans:
@@ -141,58 +144,98 @@ class InMemoryLightningStore(LightningStore):
         self._measured_spans = 0
         self._span_bytes = 0
         self._resources = self._txn.resources
+        self._keys: dict[str, tuple[int, bytes]] = {}  # scoped idempotency key -> (time, answer), oldest first
+
+    def _keyed(self, op: KeyedOp, key: str | None, now: int, write: Callable[[], T]) -> T:
+        """``write()`` once per key (the caller holds the lock); a repeated key gets the first answer back."""
+        if key is None:
+            return write()
+        check_key(key)
+        stored = self._keys.get(scoped(op, key))
+        if stored is not None:
+            answer: T = decode(op, stored[1])
+            return answer
+        result = write()
+        if result is not None:  # a claim that found nothing wrote nothing: its retry may claim
+            self._keys[scoped(op, key)] = (now, encode(op, result))
+        while self._keys:
+            oldest = next(iter(self._keys))
+            if self._keys[oldest][0] >= now - KEY_TTL_NS:
+                break
+            del self._keys[oldest]
+        return result
 
     # --- rollout queue -------------------------------------------------------------------------------------------
-    async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+    async def enqueue_rollouts(
+        self, requests: Sequence[RolloutRequest], *, idempotency_key: str | None = None
+    ) -> list[Rollout]:
         """Enqueue rollouts in order, all or none; returns them in ``queuing``."""
         with self._lock:
-            rollouts = op_enqueue(self._txn, requests, self._clock())
+            now = self._clock()
+            rollouts = self._keyed("enqueue", idempotency_key, now, lambda: op_enqueue(self._txn, requests, now))
         self._notifier.notify()
         return [replace(r) for r in rollouts]
 
-    def _claim_now(self, worker_id: str | None, start: bool) -> ClaimedRollout | None:
+    def _claim_now(self, worker_id: str | None, start: bool, key: str | None) -> ClaimedRollout | None:
         with self._lock:
-            claimed = op_claim(self._txn, worker_id, self._clock(), start=start)
+            now = self._clock()
+            claimed = self._keyed("claim", key, now, lambda: op_claim(self._txn, worker_id, now, start=start))
         return claimed
 
-    async def _claim(self, worker_id: str | None, timeout_s: float | None, start: bool) -> ClaimedRollout | None:
+    async def _claim(
+        self, worker_id: str | None, timeout_s: float | None, start: bool, key: str | None
+    ) -> ClaimedRollout | None:
         if timeout_s is None:
-            return self._claim_now(worker_id, start)
+            return self._claim_now(worker_id, start, key)
         result: ClaimedRollout | None = await wait_until(
-            self._notifier, lambda: self._claim_now(worker_id, start), timeout_s, time.monotonic, timeout_s
+            self._notifier, lambda: self._claim_now(worker_id, start, key), timeout_s, time.monotonic, timeout_s
         )
         return result
 
     async def claim_rollout(
-        self, worker_id: str | None = None, *, timeout_s: float | None = None
+        self, worker_id: str | None = None, *, timeout_s: float | None = None, idempotency_key: str | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout, waiting up to ``timeout_s`` for one."""
-        return await self._claim(worker_id, timeout_s, start=False)
+        return await self._claim(worker_id, timeout_s, False, idempotency_key)
 
     async def claim_and_start(
-        self, worker_id: str | None = None, *, timeout_s: float | None = None
+        self, worker_id: str | None = None, *, timeout_s: float | None = None, idempotency_key: str | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout and start its attempt in one step (both come back ``running``)."""
-        return await self._claim(worker_id, timeout_s, start=True)
+        return await self._claim(worker_id, timeout_s, True, idempotency_key)
 
-    async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
+    async def start_attempt(self, rollout_id: str, attempt_id: str, *, idempotency_key: str | None = None) -> Attempt:
         """Mark a claimed attempt and its rollout ``running``."""
         with self._lock:
-            return op_start(self._txn, rollout_id, attempt_id, self._clock())
+            now = self._clock()
+            return self._keyed("start", idempotency_key, now, lambda: op_start(self._txn, rollout_id, attempt_id, now))
 
     async def finish_attempt(
-        self, rollout_id: str, attempt_id: str, status: AttemptStatus, *, error: str | None = None
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        error: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Attempt:
         """Record the attempt's terminal status; the rollout succeeds, is requeued, or fails."""
         with self._lock:
-            attempt = op_finish(self._txn, rollout_id, attempt_id, status, error, self._clock())
+            now = self._clock()
+            attempt = self._keyed(
+                "finish",
+                idempotency_key,
+                now,
+                lambda: op_finish(self._txn, rollout_id, attempt_id, status, error, now),
+            )
         self._notifier.notify()
         return attempt
 
-    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+    async def cancel_rollout(self, rollout_id: str, *, idempotency_key: str | None = None) -> Rollout:
         """Cancel a non-terminal rollout so it is never claimed again."""
         with self._lock:
-            rollout = op_cancel(self._txn, rollout_id, self._clock())
+            now = self._clock()
+            rollout = self._keyed("cancel", idempotency_key, now, lambda: op_cancel(self._txn, rollout_id, now))
         self._notifier.notify()
         return replace(rollout)
 
@@ -334,17 +377,24 @@ class InMemoryLightningStore(LightningStore):
         return [replace(r) for r in self._terminal(rollout_ids)]
 
     # --- resources -----------------------------------------------------------------------------------------------
-    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourcesSnapshot:
+    async def add_resources(
+        self, resources: Mapping[str, Resource], *, idempotency_key: str | None = None
+    ) -> ResourcesSnapshot:
         """Store a new immutable snapshot; it becomes the latest."""
         with self._lock:
-            snapshot = ResourcesSnapshot(
-                resources_id=new_id("rs"),
-                version=len(self._resources) + 1,
-                create_time=self._clock(),
-                resources=dict(resources),
-            )
-            self._resources[snapshot.resources_id] = snapshot
-        return snapshot
+            now = self._clock()
+
+            def add() -> ResourcesSnapshot:
+                snapshot = ResourcesSnapshot(
+                    resources_id=new_id("rs"),
+                    version=len(self._resources) + 1,
+                    create_time=now,
+                    resources=dict(resources),
+                )
+                self._resources[snapshot.resources_id] = snapshot
+                return snapshot
+
+            return self._keyed("resources", idempotency_key, now, add)
 
     async def get_resources(self, resources_id: str | None = None) -> ResourcesSnapshot | None:
         """A snapshot by id, or the latest when id is None."""

@@ -23,7 +23,6 @@ share a database: ``postgresql://host/db?options=-csearch_path%3Dteam_a``.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -31,7 +30,7 @@ from typing import Any, Final, Literal, LiteralString, TypeVar, cast
 
 try:
     import psycopg
-    from psycopg import AsyncConnection, errors
+    from psycopg import AsyncConnection
     from psycopg.conninfo import conninfo_to_dict
     from psycopg_pool import PoolTimeout
 except ImportError as exc:  # the extra is missing: say which one
@@ -39,9 +38,11 @@ except ImportError as exc:  # the extra is missing: say which one
         f'the PostgreSQL store needs psycopg 3 and psycopg_pool ({exc}); pip install "agentlightning-core[postgres]"'
     ) from exc
 
+from agentlightning.store._keys import PRUNE_EVERY_NS
 from agentlightning.store._pg_pools import LoopPools
 from agentlightning.store._pg_schema import CLAIM_SQL, MIGRATIONS, SELECT_ROLLOUT, TERMINAL_SQL, PrefetchedTxn
 from agentlightning.store._pg_spans import decode_stored_spans, store_spans
+from agentlightning.store._pg_txn import AnsweredBefore, Key, answer, key_of, locked, prune, recorded, take
 from agentlightning.store._sqlite_schema import rollout_from_row
 from agentlightning.store._statemachine import (
     ChangeNotifier,
@@ -81,7 +82,6 @@ POLL_S: Final = 0.05
 # Advisory lock keys (any constants unique to us): schema migrations, resource versions.
 _MIGRATION_LOCK: Final = 0x61676C_01
 _RESOURCES_LOCK: Final = 0x61676C_02
-_RETRIES: Final = 5  # deadlock / serialization failures are retried: the whole transaction is re-run
 _OPTIMISTIC_TRIES: Final = 3  # compare-and-set attempts of a one-rollout change before it takes the row lock
 
 
@@ -123,6 +123,7 @@ class PostgresLightningStore(LightningStore):
         )
         self._notifier = ChangeNotifier()
         self._migrated = False
+        self._pruned_at = 0  # when idempotency keys were last pruned (clock ns)
 
     # --- plumbing ------------------------------------------------------------------------------------------------
     async def _run(self, work: Callable[[AsyncConnection[Any]], Awaitable[T]]) -> T:
@@ -178,30 +179,49 @@ class PostgresLightningStore(LightningStore):
         self,
         load: Callable[[AsyncConnection[Any], PrefetchedTxn], Awaitable[None]],
         op: Callable[[PrefetchedTxn], T],
+        key: Key | None = None,
     ) -> T:
         """One transaction: ``load`` reads (and locks) rows, ``op`` runs the state machine on them, then flush."""
 
         async def work(conn: AsyncConnection[Any]) -> T:
-            return await _locked(conn, load, op)
+            return await self._locked(conn, load, op, key)
 
         return await self._run(work)
 
-    async def _change(self, rollout_id: str, op: Callable[[PrefetchedTxn], T]) -> T:
+    async def _locked(
+        self,
+        conn: AsyncConnection[Any],
+        load: Callable[[AsyncConnection[Any], PrefetchedTxn], Awaitable[None]],
+        op: Callable[[PrefetchedTxn], T],
+        key: Key | None,
+    ) -> T:
+        """:func:`~agentlightning.store._pg_txn.locked` at this store's time; old idempotency keys pruned."""
+        now = self._clock()
+        result = await locked(conn, load, op, key, now)
+        if key is not None and now - self._pruned_at >= PRUNE_EVERY_NS:
+            self._pruned_at = now
+            await prune(conn, now)
+        return result
+
+    async def _change(self, rollout_id: str, op: Callable[[PrefetchedTxn], T], key: Key | None = None) -> T:
         """A change of one rollout: read it, run ``op`` on it, write the change back if nobody changed it meanwhile.
 
         Two statements and no transaction: BEGIN, a row lock and COMMIT cost the store server more CPU than the
         change itself, and compare-and-set on the rollout's version keeps the change atomic. A lost race reads
         again; after a few lost races in a row the rollout is locked instead, so a change always gets through.
+        A keyed change takes the locked path at once: its key must commit with it, in one transaction.
         """
 
         async def work(conn: AsyncConnection[Any]) -> T:
+            if key is not None:
+                return await self._locked(conn, self._rows_of(rollout_id), op, key)
             for _ in range(_OPTIMISTIC_TRIES):
                 txn = PrefetchedTxn()
                 await txn.read_rollout(conn, rollout_id)
                 result = op(txn)  # raises on a missing row or an illegal change: nothing is written
                 if await txn.flush(conn, compare_and_set=True):
                     return result
-            return await _locked(conn, self._rows_of(rollout_id), op)
+            return await self._locked(conn, self._rows_of(rollout_id), op, None)
 
         return await self._run(work)
 
@@ -223,8 +243,11 @@ class PostgresLightningStore(LightningStore):
             await self._notifier.wait(seen, min(POLL_S, left))
 
     # --- rollout queue -------------------------------------------------------------------------------------------
-    async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+    async def enqueue_rollouts(
+        self, requests: Sequence[RolloutRequest], *, idempotency_key: str | None = None
+    ) -> list[Rollout]:
         """Enqueue rollouts in order, in one transaction; returns them in ``queuing``."""
+        key = key_of("enqueue", idempotency_key)
         wanted = list({r.resources_id for r in requests if r.resources_id is not None})
 
         async def load(conn: AsyncConnection[Any], txn: PrefetchedTxn) -> None:
@@ -235,6 +258,8 @@ class PostgresLightningStore(LightningStore):
                 txn.known_resources = {row[0] for row in await cursor.fetchall()}
 
         async def work(conn: AsyncConnection[Any]) -> list[Rollout]:
+            if key is not None:
+                return await self._locked(conn, load, lambda txn: op_enqueue(txn, requests, self._clock()), key)
             # No transaction: resources are never deleted, so the check stays true, and the rollouts go in with
             # one INSERT (atomic on its own). BEGIN and COMMIT would double the statements, the costly part here.
             txn = PrefetchedTxn()
@@ -247,43 +272,54 @@ class PostgresLightningStore(LightningStore):
         self._notifier.notify()
         return rollouts
 
-    async def _claim_now(self, worker_id: str | None, start: bool = False) -> ClaimedRollout | None:
+    async def _claim_now(self, worker_id: str | None, start: bool, key: Key | None) -> ClaimedRollout | None:
         async def load(conn: AsyncConnection[Any], txn: PrefetchedTxn) -> None:
             row = await (await conn.execute(CLAIM_SQL, binary=True)).fetchone()
             if row is not None:
                 txn.claimed_row(row)
 
-        return await self._transact(load, lambda txn: op_claim(txn, worker_id, self._clock(), start=start))
+        return await self._transact(load, lambda txn: op_claim(txn, worker_id, self._clock(), start=start), key)
 
     async def claim_rollout(
-        self, worker_id: str | None = None, *, timeout_s: float | None = None
+        self, worker_id: str | None = None, *, timeout_s: float | None = None, idempotency_key: str | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout (SKIP LOCKED), waiting up to ``timeout_s`` for one."""
-        return await self._wait(lambda: self._claim_now(worker_id), timeout_s)
+        key = key_of("claim", idempotency_key)
+        return await self._wait(lambda: self._claim_now(worker_id, False, key), timeout_s)
 
     async def claim_and_start(
-        self, worker_id: str | None = None, *, timeout_s: float | None = None
+        self, worker_id: str | None = None, *, timeout_s: float | None = None, idempotency_key: str | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout and start its attempt in one transaction (both come back ``running``)."""
-        return await self._wait(lambda: self._claim_now(worker_id, True), timeout_s)
+        key = key_of("claim", idempotency_key)
+        return await self._wait(lambda: self._claim_now(worker_id, True, key), timeout_s)
 
-    async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
+    async def start_attempt(self, rollout_id: str, attempt_id: str, *, idempotency_key: str | None = None) -> Attempt:
         """Mark a claimed attempt and its rollout ``running``."""
-        return await self._change(rollout_id, lambda txn: op_start(txn, rollout_id, attempt_id, self._clock()))
+        key = key_of("start", idempotency_key)
+        return await self._change(rollout_id, lambda txn: op_start(txn, rollout_id, attempt_id, self._clock()), key)
 
     async def finish_attempt(
-        self, rollout_id: str, attempt_id: str, status: AttemptStatus, *, error: str | None = None
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        error: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Attempt:
         """Record the attempt's terminal status; the rollout succeeds, is requeued, or fails."""
+        key = key_of("finish", idempotency_key)
         attempt = await self._change(
-            rollout_id, lambda txn: op_finish(txn, rollout_id, attempt_id, status, error, self._clock())
+            rollout_id, lambda txn: op_finish(txn, rollout_id, attempt_id, status, error, self._clock()), key
         )
         self._notifier.notify()
         return attempt
 
-    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+    async def cancel_rollout(self, rollout_id: str, *, idempotency_key: str | None = None) -> Rollout:
         """Cancel a non-terminal rollout so it is never claimed again."""
-        rollout = await self._change(rollout_id, lambda txn: op_cancel(txn, rollout_id, self._clock()))
+        key = key_of("cancel", idempotency_key)
+        rollout = await self._change(rollout_id, lambda txn: op_cancel(txn, rollout_id, self._clock()), key)
         self._notifier.notify()
         return rollout
 
@@ -452,11 +488,24 @@ class PostgresLightningStore(LightningStore):
         return await self._run(terminal)
 
     # --- resources -----------------------------------------------------------------------------------------------
-    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourcesSnapshot:
+    async def add_resources(
+        self, resources: Mapping[str, Resource], *, idempotency_key: str | None = None
+    ) -> ResourcesSnapshot:
         """Store a new immutable snapshot; it becomes the latest (versions 1, 2, 3, ...)."""
+        key = key_of("resources", idempotency_key)
 
         async def write(conn: AsyncConnection[Any]) -> ResourcesSnapshot:
+            try:
+                return await versioned(conn)
+            except AnsweredBefore:
+                assert key is not None
+                snapshot: ResourcesSnapshot = await recorded(conn, key)
+                return snapshot
+
+        async def versioned(conn: AsyncConnection[Any]) -> ResourcesSnapshot:
             async with conn.transaction():
+                if key is not None and not await take(conn, key, self._clock()):
+                    raise AnsweredBefore
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_RESOURCES_LOCK,))  # one version at a time
                 row = await (await conn.execute("SELECT COALESCE(MAX(version), 0) + 1 FROM resources")).fetchone()
                 snapshot = ResourcesSnapshot(
@@ -469,6 +518,8 @@ class PostgresLightningStore(LightningStore):
                     "INSERT INTO resources (version, resources_id, data) VALUES (%s, %s, %s)",
                     (snapshot.version, snapshot.resources_id, snapshot.model_dump_json().encode()),
                 )
+                if key is not None:
+                    await answer(conn, key, snapshot)
             return snapshot
 
         return await self._run(write)
@@ -557,29 +608,6 @@ class PostgresLightningStore(LightningStore):
     async def close(self) -> None:
         """Close the connection pools; closing twice is a no-op."""
         await self._pools.close()
-
-
-async def _locked(
-    conn: AsyncConnection[Any],
-    load: Callable[[AsyncConnection[Any], PrefetchedTxn], Awaitable[None]],
-    op: Callable[[PrefetchedTxn], T],
-) -> T:
-    """One transaction on ``conn``: ``load`` reads (and locks) rows, ``op`` runs on them, then the writes go in."""
-    for attempt in range(_RETRIES):
-        try:
-            # No pipeline mode: it saves round trips but costs psycopg more client CPU per statement than a round
-            # trip on a nearby server (12 event-loop waits for a claim instead of 5; ~480 vs ~370 us of CPU).
-            async with conn.transaction():
-                txn = PrefetchedTxn()
-                await load(conn, txn)
-                result = op(txn)
-                await txn.flush(conn)
-            return result
-        except (errors.DeadlockDetected, errors.SerializationFailure):
-            if attempt == _RETRIES - 1:
-                raise
-            await asyncio.sleep(0.001 * 2**attempt)
-    raise AssertionError("unreachable")
 
 
 def _redacted(dsn: str) -> str:

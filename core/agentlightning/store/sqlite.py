@@ -37,10 +37,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 import orjson
 
+from agentlightning.store._keys import KEY_TTL_NS, PRUNE_EVERY_NS, KeyedOp, check_key, decode, encode, scoped
 from agentlightning.store._sqlite_schema import MIGRATIONS, SELECT_ROLLOUT, SqliteTxn, rollout_from_row
 from agentlightning.store._sqlite_spans import add_spans, query_spans
 from agentlightning.store._sqlite_writer import GroupCommitWriter, Reading, WalCheckpointer, WriteTransaction
@@ -94,6 +95,8 @@ POLL_S: Final = 0.02
 # falls behind: 64 MB of WAL with 4 KiB pages. Durability does not depend on checkpoints.
 WAL_CHECKPOINT_PAGES: Final = 16000
 _ANY_CLAIMABLE: Final = "SELECT 1 FROM rollouts WHERE status IN ('queuing', 'requeuing') LIMIT 1"
+_KEY_ANSWER: Final = "SELECT answer FROM idempotency_keys WHERE key = ?"
+T = TypeVar("T")
 
 
 class SqliteLightningStore(LightningStore):
@@ -130,6 +133,7 @@ class SqliteLightningStore(LightningStore):
         )
         self._txn = SqliteTxn(self._conn)
         self._queue_looked_empty = True  # see _claim_now
+        self._pruned_at = 0  # when idempotency keys were last pruned (clock ns)
         self._checkpointer = WalCheckpointer(self.path, busy_timeout_s)
         # A store dropped without close() must not leave its thread behind.
         weakref.finalize(self, self._checkpointer.close)
@@ -185,15 +189,53 @@ class SqliteLightningStore(LightningStore):
         """Reads under the store lock (``with``); each statement sees one committed snapshot."""
         return self._reading
 
+    def _keyed(self, op: KeyedOp, key: str | None, now: int, write: Callable[[], T]) -> T:
+        """``write()`` once per key, inside the write transaction: the key and its answer commit with the write."""
+        if key is None:
+            return write()
+        check_key(key)
+        conn = self._txn.conn
+        row = conn.execute(_KEY_ANSWER, (scoped(op, key),)).fetchone()
+        if row is not None:
+            answer: T = decode(op, row[0])
+            return answer
+        result = write()
+        # Nothing is recorded for a claim that found nothing, or a finish refused after its spans were stored.
+        if result is not None and not isinstance(result, Exception):
+            conn.execute(
+                "INSERT INTO idempotency_keys (key, create_time, answer) VALUES (?, ?, ?)",
+                (scoped(op, key), now, encode(op, result)),
+            )
+        if now - self._pruned_at >= PRUNE_EVERY_NS:
+            self._pruned_at = now
+            conn.execute("DELETE FROM idempotency_keys WHERE create_time < ?", (now - KEY_TTL_NS,))
+        return result
+
+    def _recorded(self, op: KeyedOp, key: str) -> Any:
+        """The answer recorded for ``key``, or None (a read: no write lock taken)."""
+        check_key(key)
+        with self._read() as conn:
+            row = conn.execute(_KEY_ANSWER, (scoped(op, key),)).fetchone()
+        return None if row is None else decode(op, row[0])
+
     # --- rollout queue -------------------------------------------------------------------------------------------
-    async def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+    async def enqueue_rollouts(
+        self, requests: Sequence[RolloutRequest], *, idempotency_key: str | None = None
+    ) -> list[Rollout]:
         """Enqueue rollouts in order, in one transaction; returns them in ``queuing``."""
         now = self._clock()
-        rollouts = await self._writer.write(lambda: op_enqueue(self._txn, requests, now))
+        rollouts = await self._writer.write(
+            lambda: self._keyed("enqueue", idempotency_key, now, lambda: op_enqueue(self._txn, requests, now))
+        )
         self._notifier.notify()
         return rollouts
 
-    async def _claim_now(self, worker_id: str | None, start: bool) -> ClaimedRollout | None:
+    async def _claim_now(self, worker_id: str | None, start: bool, key: str | None) -> ClaimedRollout | None:
+        if key is not None:
+            # Before the empty-queue shortcut: the rollout this key claimed may have been the last one.
+            recorded: ClaimedRollout | None = self._recorded("claim", key)
+            if recorded is not None:
+                return recorded
         if self._queue_looked_empty:
             # A read first: idle runners polling an empty queue must not queue up for the write lock. Skipped while
             # claims succeed (the read would cost a busy queue a statement per claim and find a rollout anyway).
@@ -201,45 +243,64 @@ class SqliteLightningStore(LightningStore):
                 if conn.execute(_ANY_CLAIMABLE).fetchone() is None:
                     return None
         now = self._clock()
-        claimed = await self._writer.write(lambda: op_claim(self._txn, worker_id, now, start=start))
+        claimed = await self._writer.write(
+            lambda: self._keyed("claim", key, now, lambda: op_claim(self._txn, worker_id, now, start=start))
+        )
         self._queue_looked_empty = claimed is None
         return claimed
 
-    async def _claim(self, worker_id: str | None, timeout_s: float | None, start: bool) -> ClaimedRollout | None:
+    async def _claim(
+        self, worker_id: str | None, timeout_s: float | None, start: bool, key: str | None
+    ) -> ClaimedRollout | None:
         if timeout_s is None:
-            return await self._claim_now(worker_id, start)
+            return await self._claim_now(worker_id, start, key)
         deadline = time.monotonic() + timeout_s
         while True:
             generation = self._notifier.generation  # read before trying, so a change in between wakes the wait
-            claimed = await self._claim_now(worker_id, start)
+            claimed = await self._claim_now(worker_id, start, key)
             remaining = min(POLL_S, deadline - time.monotonic())
             if claimed is not None or remaining <= 0:
                 return claimed
             await self._notifier.wait(generation, remaining)
 
     async def claim_rollout(
-        self, worker_id: str | None = None, *, timeout_s: float | None = None
+        self, worker_id: str | None = None, *, timeout_s: float | None = None, idempotency_key: str | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout, waiting up to ``timeout_s`` for one."""
-        return await self._claim(worker_id, timeout_s, start=False)
+        return await self._claim(worker_id, timeout_s, False, idempotency_key)
 
     async def claim_and_start(
-        self, worker_id: str | None = None, *, timeout_s: float | None = None
+        self, worker_id: str | None = None, *, timeout_s: float | None = None, idempotency_key: str | None = None
     ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout and start its attempt, in one transaction (one commit)."""
-        return await self._claim(worker_id, timeout_s, start=True)
+        return await self._claim(worker_id, timeout_s, True, idempotency_key)
 
-    async def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
+    async def start_attempt(self, rollout_id: str, attempt_id: str, *, idempotency_key: str | None = None) -> Attempt:
         """Mark a claimed attempt and its rollout ``running``."""
         now = self._clock()
-        return await self._writer.write(lambda: op_start(self._txn, rollout_id, attempt_id, now))
+        return await self._writer.write(
+            lambda: self._keyed("start", idempotency_key, now, lambda: op_start(self._txn, rollout_id, attempt_id, now))
+        )
 
     async def finish_attempt(
-        self, rollout_id: str, attempt_id: str, status: AttemptStatus, *, error: str | None = None
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        error: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Attempt:
         """Record the attempt's terminal status; the rollout succeeds, is requeued, or fails."""
         now = self._clock()
-        attempt = await self._writer.write(lambda: op_finish(self._txn, rollout_id, attempt_id, status, error, now))
+        attempt = await self._writer.write(
+            lambda: self._keyed(
+                "finish",
+                idempotency_key,
+                now,
+                lambda: op_finish(self._txn, rollout_id, attempt_id, status, error, now),
+            )
+        )
         self._notifier.notify()
         return attempt
 
@@ -251,13 +312,19 @@ class SqliteLightningStore(LightningStore):
         spans: Sequence[Span],
         *,
         error: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Attempt:
         """Store an attempt's last spans and record its terminal status, in one transaction (one commit)."""
         check_spans_of_attempt(rollout_id, attempt_id, spans)
         keys = span_attempt_keys(spans)
         now = self._clock()
-        outcome = await self._writer.write(
-            lambda: self._finish_with_spans(rollout_id, attempt_id, status, spans, keys, error, now)
+        outcome: Attempt | Exception = await self._writer.write(
+            lambda: self._keyed(
+                "finish",
+                idempotency_key,
+                now,
+                lambda: self._finish_with_spans(rollout_id, attempt_id, status, spans, keys, error, now),
+            )
         )
         self._notifier.notify()
         if isinstance(outcome, Exception):
@@ -287,10 +354,12 @@ class SqliteLightningStore(LightningStore):
             # finish_attempt would leave them, and the caller gets the refusal.
             return exc
 
-    async def cancel_rollout(self, rollout_id: str) -> Rollout:
+    async def cancel_rollout(self, rollout_id: str, *, idempotency_key: str | None = None) -> Rollout:
         """Cancel a non-terminal rollout so it is never claimed again."""
         now = self._clock()
-        rollout = await self._writer.write(lambda: op_cancel(self._txn, rollout_id, now))
+        rollout = await self._writer.write(
+            lambda: self._keyed("cancel", idempotency_key, now, lambda: op_cancel(self._txn, rollout_id, now))
+        )
         self._notifier.notify()
         return rollout
 
@@ -423,10 +492,14 @@ class SqliteLightningStore(LightningStore):
         return self._terminal(rollout_ids)
 
     # --- resources -----------------------------------------------------------------------------------------------
-    async def add_resources(self, resources: Mapping[str, Resource]) -> ResourcesSnapshot:
+    async def add_resources(
+        self, resources: Mapping[str, Resource], *, idempotency_key: str | None = None
+    ) -> ResourcesSnapshot:
         """Store a new immutable snapshot; it becomes the latest (versions 1, 2, 3, ...)."""
         now = self._clock()
-        return await self._writer.write(lambda: self._add_resources(resources, now))
+        return await self._writer.write(
+            lambda: self._keyed("resources", idempotency_key, now, lambda: self._add_resources(resources, now))
+        )
 
     def _add_resources(self, resources: Mapping[str, Resource], now: int) -> ResourcesSnapshot:
         conn = self._txn.conn

@@ -64,9 +64,11 @@ class SyncLightningStore:
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
 
     # --- rollout queue -------------------------------------------------------------------------------------------
-    def enqueue_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+    def enqueue_rollouts(
+        self, requests: Sequence[RolloutRequest], *, idempotency_key: str | None = None
+    ) -> list[Rollout]:
         """Enqueue rollouts in the given order; returns them in ``queuing``."""
-        return self._call(self.store.enqueue_rollouts(requests))
+        return self._call(self.store.enqueue_rollouts(requests, idempotency_key=idempotency_key))
 
     def enqueue_rollout(
         self,
@@ -76,32 +78,51 @@ class SyncLightningStore:
         group_id: str | None = None,
         resources_id: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
         **config: Any,
     ) -> Rollout:
         """Enqueue one rollout; keyword ``config`` fields form its RolloutConfig."""
         return self._call(
             self.store.enqueue_rollout(
-                input, mode=mode, group_id=group_id, resources_id=resources_id, metadata=metadata, **config
+                input,
+                mode=mode,
+                group_id=group_id,
+                resources_id=resources_id,
+                metadata=metadata,
+                idempotency_key=idempotency_key,
+                **config,
             )
         )
 
-    def claim_rollout(self, worker_id: str | None = None, *, timeout_s: float | None = None) -> ClaimedRollout | None:
+    def claim_rollout(
+        self, worker_id: str | None = None, *, timeout_s: float | None = None, idempotency_key: str | None = None
+    ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout, waiting up to ``timeout_s``."""
-        return self._call(self.store.claim_rollout(worker_id, timeout_s=timeout_s))
+        return self._call(self.store.claim_rollout(worker_id, timeout_s=timeout_s, idempotency_key=idempotency_key))
 
-    def start_attempt(self, rollout_id: str, attempt_id: str) -> Attempt:
+    def start_attempt(self, rollout_id: str, attempt_id: str, *, idempotency_key: str | None = None) -> Attempt:
         """Mark a claimed attempt ``running``."""
-        return self._call(self.store.start_attempt(rollout_id, attempt_id))
+        return self._call(self.store.start_attempt(rollout_id, attempt_id, idempotency_key=idempotency_key))
 
     def finish_attempt(
-        self, rollout_id: str, attempt_id: str, status: AttemptStatus, *, error: str | None = None
+        self,
+        rollout_id: str,
+        attempt_id: str,
+        status: AttemptStatus,
+        *,
+        error: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Attempt:
         """Record an attempt's terminal status."""
-        return self._call(self.store.finish_attempt(rollout_id, attempt_id, status, error=error))
+        return self._call(
+            self.store.finish_attempt(rollout_id, attempt_id, status, error=error, idempotency_key=idempotency_key)
+        )
 
-    def claim_and_start(self, worker_id: str | None = None, *, timeout_s: float | None = None) -> ClaimedRollout | None:
+    def claim_and_start(
+        self, worker_id: str | None = None, *, timeout_s: float | None = None, idempotency_key: str | None = None
+    ) -> ClaimedRollout | None:
         """Claim the oldest claimable rollout and start its attempt, waiting up to ``timeout_s``."""
-        return self._call(self.store.claim_and_start(worker_id, timeout_s=timeout_s))
+        return self._call(self.store.claim_and_start(worker_id, timeout_s=timeout_s, idempotency_key=idempotency_key))
 
     def finish_attempt_with_spans(
         self,
@@ -111,13 +132,18 @@ class SyncLightningStore:
         spans: Sequence[Span],
         *,
         error: str | None = None,
+        idempotency_key: str | None = None,
     ) -> Attempt:
         """Store an attempt's last spans, then record its terminal status."""
-        return self._call(self.store.finish_attempt_with_spans(rollout_id, attempt_id, status, spans, error=error))
+        return self._call(
+            self.store.finish_attempt_with_spans(
+                rollout_id, attempt_id, status, spans, error=error, idempotency_key=idempotency_key
+            )
+        )
 
-    def cancel_rollout(self, rollout_id: str) -> Rollout:
+    def cancel_rollout(self, rollout_id: str, *, idempotency_key: str | None = None) -> Rollout:
         """Cancel a non-terminal rollout."""
-        return self._call(self.store.cancel_rollout(rollout_id))
+        return self._call(self.store.cancel_rollout(rollout_id, idempotency_key=idempotency_key))
 
     def update_rollout_metadata(self, rollout_id: str, metadata: Mapping[str, Any]) -> Rollout:
         """Merge keys into a rollout's metadata."""
@@ -187,9 +213,11 @@ class SyncLightningStore:
         return self._call(self.store.wait_for_rollouts(rollout_ids, timeout_s=timeout_s))
 
     # --- resources -----------------------------------------------------------------------------------------------
-    def add_resources(self, resources: Mapping[str, Resource]) -> ResourcesSnapshot:
+    def add_resources(
+        self, resources: Mapping[str, Resource], *, idempotency_key: str | None = None
+    ) -> ResourcesSnapshot:
         """Store a new immutable snapshot."""
-        return self._call(self.store.add_resources(resources))
+        return self._call(self.store.add_resources(resources, idempotency_key=idempotency_key))
 
     def get_resources(self, resources_id: str | None = None) -> ResourcesSnapshot | None:
         """A snapshot by id, or the latest."""

@@ -339,3 +339,24 @@ def test_closing_while_the_pool_connects_is_prompt_and_leaves_no_task(
     del store, loop
     gc.collect()
     assert unraisable == []
+
+
+async def test_keyed_duplicates_on_two_servers_act_once(pg_dsn: str) -> None:
+    """Two stores on one database (two store servers) given the same keyed calls at once: each acts once."""
+    one, two = PostgresLightningStore(pg_dsn), PostgresLightningStore(pg_dsn)
+    try:
+        stores = [one, two] * 4
+        requests = [RolloutRequest(input=i) for i in range(2)]
+        enqueued = await asyncio.gather(*(s.enqueue_rollouts(requests, idempotency_key="e") for s in stores))
+        assert all(e == enqueued[0] for e in enqueued) and len(await one.query_rollouts()) == 2
+        claims = await asyncio.gather(*(s.claim_and_start("w", idempotency_key="c") for s in stores))
+        assert claims[0] is not None and all(c == claims[0] for c in claims)
+        rid, aid = claims[0].rollout.rollout_id, claims[0].attempt.attempt_id
+        finished = await asyncio.gather(*(s.finish_attempt(rid, aid, "succeeded", idempotency_key="f") for s in stores))
+        assert all(f == finished[0] for f in finished)
+        snapshots = await asyncio.gather(*(s.add_resources({}, idempotency_key="r") for s in stores))
+        assert all(x == snapshots[0] for x in snapshots) and len(await two.list_resources()) == 1
+        assert sorted(r.status for r in await two.query_rollouts()) == ["queuing", "succeeded"]
+    finally:
+        await one.close()
+        await two.close()
