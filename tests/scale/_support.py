@@ -1,4 +1,4 @@
-"""Processes and faults for the scale tests: a store server process, runner processes, a TCP proxy that stalls."""
+"""Processes and faults for the scale tests: runner processes, and a TCP proxy that stalls."""
 
 from __future__ import annotations
 
@@ -9,86 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from agentlightning.testing.postgres import free_port
-
 REPO = Path(__file__).resolve().parents[2]
 RUNNER_CHILD = str(Path(__file__).with_name("_runner_child.py"))
-
-
-class ServerProcess:
-    """``serve_store`` in a child process on a fixed loopback port, so it can be killed and restarted in place."""
-
-    def __init__(self, backend: str, *, path: str | None = None, dsn: str | None = None) -> None:
-        self.backend, self.path, self.dsn = backend, path, dsn
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout_s: float = 60.0) -> ServerProcess:
-        """Start the server and wait until ``/health`` answers."""
-        code = (
-            "from agentlightning.server import serve_store; "
-            f"serve_store(backend={self.backend!r}, path={self.path!r}, dsn={self.dsn!r}, port={self.port})"
-        )
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", code], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return self
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                err = self.process.stderr.read().decode() if self.process.stderr else ""
-                self.stop()
-                raise RuntimeError(f"store server ({self.backend}) did not start on {self.url}: {err[-3000:]}")
-            time.sleep(0.05)
-
-    @property
-    def pid(self) -> int:
-        """The server's process id."""
-        assert self.process is not None, "server not started"
-        return self.process.pid
-
-    def kill9(self) -> None:
-        """SIGKILL the server: no shutdown code runs."""
-        assert self.process is not None
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=30)
-        assert self.process.returncode == -signal.SIGKILL
-        self._close_pipes()
-
-    def stop(self) -> None:
-        """SIGTERM the server (it drains and closes its store) and reap it."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._close_pipes()
-        self.process = None
-
-    def _close_pipes(self) -> None:
-        if self.process is not None and self.process.stderr is not None:
-            self.process.stderr.close()
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident set size of process ``pid`` (Linux)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
 class RunnerProcess:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentlightning.testing.postgres import PostgresCluster
-from tests.scale._support import ServerProcess
+from agentlightning.testing.store_server import StoreServerProcess
 
 
 @pytest.fixture(scope="session")
@@ -18,16 +18,16 @@ def pg_cluster() -> Iterator[PostgresCluster]:
         yield cluster
 
 
-def server_for(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> ServerProcess:
+def server_for(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> StoreServerProcess:
     """A (not yet started) store server process on a fresh SQLite file or PostgreSQL schema."""
     if backend == "sqlite":
-        return ServerProcess("sqlite", path=str(tmp_path / "store.db"))
+        return StoreServerProcess("sqlite", path=str(tmp_path / "store.db"))
     cluster: PostgresCluster = request.getfixturevalue("pg_cluster")
-    return ServerProcess("postgres", dsn=cluster.create_schema())
+    return StoreServerProcess("postgres", dsn=cluster.create_schema())
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServerProcess]:
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreServerProcess]:
     """A store server process (started by the test) on each durable backend; stopped after the test."""
     process = server_for(request.param, request, tmp_path)
     yield process
@@ -35,7 +35,7 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServerPro
 
 
 @pytest.fixture
-def pg_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServerProcess]:
+def pg_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreServerProcess]:
     """A started store server process on PostgreSQL."""
     process = server_for("postgres", request, tmp_path).start()
     yield process

@@ -11,8 +11,9 @@ from collections.abc import Awaitable, Callable
 
 from agentlightning.client import LightningStoreClient
 from agentlightning.store import StoreError, Watchdog
+from agentlightning.testing.store_server import StoreServerProcess
 from agentlightning.types import RolloutConfig, RolloutRequest, Span
-from tests.scale._support import RunnerProcess, ServerProcess, StallProxy
+from tests.scale._support import RunnerProcess, StallProxy
 
 SENDERS = 4
 BATCH = 20
@@ -40,7 +41,7 @@ def span(rollout_id: str, attempt_id: str, sender: int, index: int) -> Span:
     )
 
 
-async def test_acknowledged_spans_survive_store_server_kill_9(server: ServerProcess) -> None:
+async def test_acknowledged_spans_survive_store_server_kill_9(server: StoreServerProcess) -> None:
     server.start()
     client = LightningStoreClient(server.url, max_retries=20, max_backoff_s=0.5)
     try:
@@ -92,7 +93,7 @@ async def test_acknowledged_spans_survive_store_server_kill_9(server: ServerProc
         await client.close()
 
 
-async def test_killed_runners_rollouts_are_retried_and_finish_once(pg_server: ServerProcess) -> None:
+async def test_killed_runners_rollouts_are_retried_and_finish_once(pg_server: StoreServerProcess) -> None:
     client = LightningStoreClient(pg_server.url)
     runners = [RunnerProcess(pg_server.url, "slow", f"victim{i}", workers=4) for i in range(2)]
     try:
@@ -128,7 +129,7 @@ async def test_killed_runners_rollouts_are_retried_and_finish_once(pg_server: Se
         await client.close()
 
 
-async def test_network_stall_times_out_heartbeats_and_requeues(pg_server: ServerProcess) -> None:
+async def test_network_stall_times_out_heartbeats_and_requeues(pg_server: StoreServerProcess) -> None:
     proxy = await StallProxy(pg_server.port).start()
     client = LightningStoreClient(pg_server.url)
     stalled = RunnerProcess(proxy.url, "slow", "stalled", workers=1, max_rollouts=1)

@@ -9,22 +9,26 @@ answered and change nothing. Span batches carry no key: they are idempotent on (
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
+import pytest
 
 from agentlightning.client import LightningStoreClient
+from agentlightning.testing.store_server import StoreServerProcess
 from agentlightning.types import RolloutRequest
-from tests.scale._support import ServerProcess
 from tests.scale.test_faults import span
 
 
-async def restart(server: ServerProcess) -> None:
+async def restart(server: StoreServerProcess) -> None:
     """kill -9 the server and start it again on the same database and port."""
     server.kill9()
     await asyncio.to_thread(server.start)
 
 
-async def test_every_keyed_call_acts_once_across_a_kill_9(server: ServerProcess) -> None:
+async def test_every_keyed_call_acts_once_across_a_kill_9(server: StoreServerProcess) -> None:
     server.start()
     client = LightningStoreClient(server.url, max_retries=20, max_backoff_s=0.5)
     try:
@@ -83,7 +87,7 @@ async def test_every_keyed_call_acts_once_across_a_kill_9(server: ServerProcess)
         await client.close()
 
 
-async def test_the_http_retry_of_a_lost_answer_replays_it(server: ServerProcess) -> None:
+async def test_the_http_retry_of_a_lost_answer_replays_it(server: StoreServerProcess) -> None:
     """The wire form: the same ``Idempotency-Key`` header after a restart gets the first body back, byte for byte."""
     server.start()
     headers = {"idempotency-key": "wire-1"}
@@ -97,3 +101,19 @@ async def test_the_http_retry_of_a_lost_answer_replays_it(server: ServerProcess)
         assert len((await http.post("/v1/rollouts/query", json={})).json()) == 1
         too_long = await http.post("/v1/rollouts", json=body, headers={"idempotency-key": "k" * 256})
         assert too_long.status_code == 422 and "idempotency" in too_long.text
+
+
+@pytest.mark.slow
+def test_soak_with_a_kill_9_every_few_seconds_loses_nothing_and_repeats_nothing(tmp_path: Path) -> None:
+    """``bench/soak.py``, short: 16 clients, the server killed every 4 s; every check it prints must pass."""
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.soak", "--seconds", "14", "--kill-every", "4", "--clients", "16"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    checks = [line for line in run.stdout.splitlines() if line.strip().startswith(("ok", "FAIL"))]
+    assert len(checks) == 6 and all(line.strip().startswith("ok") for line in checks), run.stdout
+    assert "lost or extra items 0, finished twice 0" in run.stdout

@@ -17,8 +17,9 @@ import pytest
 
 from agentlightning.client import LightningStoreClient
 from agentlightning.store import Watchdog
+from agentlightning.testing.store_server import rss_bytes
 from agentlightning.types import RolloutRequest
-from tests.scale._support import RunnerProcess, rss_bytes
+from tests.scale._support import RunnerProcess
 from tests.scale.conftest import server_for
 
 SOAK_S = float(os.environ.get("AGL_SOAK_SECONDS", "60"))
