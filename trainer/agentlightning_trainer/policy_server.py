@@ -448,8 +448,9 @@ class PolicyServerProcess:
     def __init__(
         self,
         spec: PolicySpec,
-        weights: Path,
+        weights: Path | None,
         *,
+        spec_file: Path | None = None,
         version: int = 0,
         port: int | None = None,
         seed: int = 0,
@@ -460,11 +461,18 @@ class PolicyServerProcess:
     ) -> None:
         """Remember how to start the server; :meth:`start` (or ``with``) launches it.
 
+        ``weights``: a state-dict file to serve, or None for the spec's own weights (a HF model as it is).
+        ``spec_file``: where the spec is written for the child (default: next to ``weights``).
         ``proxy_store``: a SQLite store file; the process then also serves the LLM proxy in front of the policy
         (see :attr:`proxy_url`), recording into that store.
         """
         self.spec = spec
         self.weights = weights
+        if spec_file is None:
+            if weights is None:
+                raise ValueError("PolicyServerProcess needs spec_file when it serves no weights file")
+            spec_file = weights.with_name("policy_spec.json")
+        self.spec_file = spec_file
         self.version = version
         self.port = port or free_port()
         self.seed = seed
@@ -493,13 +501,14 @@ class PolicyServerProcess:
 
     def start(self) -> PolicyServerProcess:
         """Launch the child process and wait until ``/health`` answers."""
-        spec_file = self.weights.with_name("policy_spec.json")
-        spec_file.write_text(self.spec.model_dump_json())
+        self.spec_file.write_text(self.spec.model_dump_json())
         cmd = [
             sys.executable, "-m", "agentlightning_trainer.policy_server",
-            "--spec", str(spec_file), "--weights", str(self.weights), "--version", str(self.version),
+            "--spec", str(self.spec_file), "--version", str(self.version),
             "--port", str(self.port), "--seed", str(self.seed), "--threads", str(self.threads),
         ]  # fmt: skip
+        if self.weights is not None:
+            cmd += ["--weights", str(self.weights)]
         if self.proxy_store is not None:
             cmd += ["--proxy-store", str(self.proxy_store), "--proxy-port", str(self.proxy_port)]
         if self.log_file is not None:

@@ -66,6 +66,15 @@ FakeOption = Annotated[
         help="Serve the agent the built-in fake model (offline, deterministic; echoes the last user message).",
     ),
 ]
+PolicyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--policy",
+        metavar="SPEC",
+        help="Serve the agent a trainable policy as it is before training (agentlightning-trainer): 'smollm2', a "
+        "local Hugging Face model folder, or a PolicySpec .json file; through the LLM proxy like --upstream.",
+    ),
+]
 FakeToolCallsOption = Annotated[
     bool,
     typer.Option(

@@ -20,6 +20,7 @@ from agentlightning.cli._common import (
     FakeOption,
     FakeToolCallsOption,
     ModelOption,
+    PolicyOption,
     TokenOption,
     UpstreamKeyOption,
     UpstreamOption,
@@ -30,13 +31,26 @@ from agentlightning.cli._common import (
 # --- the model the agent calls ---------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _agent_model(
-    upstream: str | None, model: str | None, api_key: str | None, fake: bool, fake_tool_calls: bool
+    upstream: str | None,
+    model: str | None,
+    api_key: str | None,
+    fake: bool,
+    fake_tool_calls: bool,
+    policy: str | None = None,
 ) -> Generator[LLM | None]:
-    """The LLM ``--upstream``/``--model`` or ``--fake`` name (the fake served for the block), or None for neither."""
+    """The LLM ``--upstream``/``--model``, ``--fake`` or ``--policy`` name (a fake or a policy served for the
+    block), or None for none of them."""
     from agentlightning.types import LLM
 
-    if fake and upstream is not None:
-        raise typer.BadParameter("pass --fake or --upstream, not both", param_hint="--fake")
+    chosen = [name for name, given in (("--upstream", upstream), ("--fake", fake), ("--policy", policy)) if given]
+    if len(chosen) > 1:
+        raise typer.BadParameter(f"pass one of {' / '.join(chosen)}, not both", param_hint=chosen[-1])
+    if policy is not None:
+        if model is not None:
+            raise typer.BadParameter("--policy names its own model; drop --model", param_hint="--model")
+        with _served_policy(policy) as (base_url, name):
+            yield LLM(base_url=base_url, model=name)
+        return
     if fake_tool_calls and not fake:
         raise typer.BadParameter("--fake-tool-calls scripts the fake model: add --fake", param_hint="--fake-tool-calls")
     if upstream is None and not fake:
@@ -55,6 +69,25 @@ def _agent_model(
 
     with FakeOpenAI(reply=call_offered_tools if fake_tool_calls else None).serve() as server:
         yield LLM(base_url=server.base_url, model=model or "fake")
+
+
+@contextlib.contextmanager
+def _served_policy(spec: str) -> Generator[tuple[str, str]]:
+    """The trainer's policy server on ``spec`` for the block: its base URL and model name."""
+    try:
+        from agentlightning_trainer.dev_policy import policy_spec_from, serve_dev_policy
+    except ImportError as exc:
+        raise typer.BadParameter(
+            f"--policy serves a policy with agentlightning-trainer, which is not installed ({exc}); "
+            'pip install "agent-lightning[trainer]"',
+            param_hint="--policy",
+        ) from exc
+    try:
+        policy_spec_from(spec)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policy") from exc
+    with serve_dev_policy(spec) as served:
+        yield served
 
 
 # --- dev -------------------------------------------------------------------------------------------------------------
@@ -93,10 +126,12 @@ def dev_command(
     upstream_api_key: UpstreamKeyOption = None,
     fake: FakeOption = False,
     fake_tool_calls: FakeToolCallsOption = False,
+    policy: PolicyOption = None,
 ) -> None:
     """Run each task once with the baseline algorithm; print spans, rewards and transitions per rollout.
 
-    The agent's model: --upstream URL --model NAME, or --fake; without either, the store's latest resources.
+    The agent's model: --upstream URL --model NAME, --fake, or --policy SPEC; without any, the store's latest
+    resources.
     """
     from agentlightning.agent import load_agent
     from agentlightning.trainer import Trainer
@@ -106,7 +141,7 @@ def dev_command(
         lit_agent = load_agent(agent)
     except (ValueError, TypeError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--agent") from exc
-    with _agent_model(upstream, model, upstream_api_key, fake, fake_tool_calls) as llm:
+    with _agent_model(upstream, model, upstream_api_key, fake, fake_tool_calls, policy) as llm:
         trainer = Trainer(store=store, n_runners=workers, token=os.environ.get(TOKEN_ENV), llm=llm)
         rows = trainer.dev(lit_agent, task_list, timeout_s=timeout)
     if not any(row.status == "succeeded" for row in rows):
@@ -202,11 +237,12 @@ def train_command(
     upstream_api_key: UpstreamKeyOption = None,
     fake: FakeOption = False,
     fake_tool_calls: FakeToolCallsOption = False,
+    policy: PolicyOption = None,
 ) -> None:
     """Train: run an algorithm and/or runners against one store (``Trainer.fit``); one process or split by role.
 
-    The agent's model: --upstream URL --model NAME or --fake (for algorithms that do not serve their own policy,
-    such as APO or the baseline; LightningRL publishes its policy server over it).
+    The agent's model: --upstream URL --model NAME, --fake or --policy SPEC (for algorithms that do not serve their
+    own policy, such as APO or the baseline; LightningRL publishes its policy server over it).
     """
     from agentlightning.agent import load_agent
     from agentlightning.trainer import Trainer
@@ -229,15 +265,15 @@ def train_command(
         chosen = _backend_algorithm(backend, config, algorithm)
     else:
         chosen = None if algorithm is None else _load_algorithm(algorithm)
-    if role == "runner" and (upstream is not None or fake):
-        hint = "--upstream" if upstream is not None else "--fake"
+    if role == "runner" and (upstream is not None or fake or policy is not None):
+        hint = "--upstream" if upstream is not None else "--fake" if fake else "--policy"
         raise typer.BadParameter(
             "the model is served by the process that runs the algorithm; runners read it from the store",
             param_hint=hint,
         )
     train_list = None if tasks is None else _load_tasks(tasks)
     val_list = None if val_tasks is None else _load_tasks(val_tasks)
-    with _agent_model(upstream, model, upstream_api_key, fake, fake_tool_calls) as llm:
+    with _agent_model(upstream, model, upstream_api_key, fake, fake_tool_calls, policy) as llm:
         trainer = Trainer(
             chosen,
             store=store,
