@@ -59,37 +59,15 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-# The store server's uvicorn set-up with a chosen HTTP protocol: corked writes (what serve_store runs) or uvicorn's
-# own httptools protocol, so the corked-writes row compares server/_corked.py alone.
-_PROTOCOL_SERVER = """
-import sys, uvicorn
-from agentlightning.server import create_app
-from agentlightning.server._run import _uvicorn_config
-from agentlightning.store import SqliteLightningStore
-config = _uvicorn_config(create_app(SqliteLightningStore(sys.argv[1])), "127.0.0.1", int(sys.argv[2]), "warning")
-if sys.argv[3] == "httptools":
-    config.http = "httptools"
-else:
-    from agentlightning.server._corked import CorkedHttpProtocol
-    config.http = CorkedHttpProtocol
-uvicorn.Server(config).run()
-"""
-
-
 @contextlib.contextmanager
-def server_process(db: Path, protocol: str | None = None) -> Iterator[tuple[str, int]]:
-    """``serve_store`` on SQLite in a child process; yields its URL and pid once it answers /health.
-
-    ``protocol`` ("corked" or "httptools"): the bare app under uvicorn with that HTTP protocol instead.
-    """
+def server_process(db: Path) -> Iterator[tuple[str, int]]:
+    """``serve_store`` on SQLite in a child process; yields its URL and pid once it answers /health."""
     port = _free_port()
     code = (
         "from agentlightning.server import serve_store; "
         f"serve_store(backend='sqlite', path={str(db)!r}, host='127.0.0.1', port={port})"
     )
     argv = [sys.executable, "-c", code]
-    if protocol is not None:
-        argv = [sys.executable, "-c", _PROTOCOL_SERVER, str(db), str(port), protocol]
     child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -236,33 +214,6 @@ def main() -> None:
     ):
         verdict = "ok" if wall >= target else ("ok on idle cores" if cpu >= target else "BELOW")
         print(f"{label:<44}{wall:>11,.0f}{cpu:>16,.0f}{in_process:>12,.0f}{target:>9,.0f}  {verdict}")
-    _corked_row(args.runs, cycles_total)
-
-
-def _corked_row(runs: int, total: int) -> None:
-    """Full cycles with server/_corked.py on and off (uvicorn's httptools protocol), servers alternated per run."""
-    figures: dict[str, list[tuple[float, float]]] = {"corked": [], "httptools": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for run in range(runs):
-            for protocol in ("corked", "httptools"):
-                with server_process(Path(tmp) / f"{protocol}{run}.db", protocol) as (url, pid):
-
-                    async def http_cycles(url: str = url) -> float:
-                        client = LightningStoreClient(url)
-                        try:
-                            return await bench_cycles(client, total)
-                        finally:
-                            await client.close()
-
-                    asyncio.run(http_cycles())  # warm up
-                    figures[protocol].append(_median(1, http_cycles, pid))
-    on = statistics.median(w for w, _ in figures["corked"]), statistics.median(c for _, c in figures["corked"])
-    off = statistics.median(w for w, _ in figures["httptools"]), statistics.median(c for _, c in figures["httptools"])
-    print(
-        f"{'corked writes (server/_corked.py) on':<44}{on[0]:>11,.0f}{on[1]:>16,.0f}"
-        f"   off (uvicorn httptools): {off[0]:,.0f} wall, {off[1]:,.0f} cpu-bound; "
-        f"on/off {on[0] / off[0]:.2f}x wall, {on[1] / off[1]:.2f}x cpu-bound"
-    )
 
 
 def _cycles_only(runs: int, total: int, worker_counts: list[int], separate: bool) -> None:
