@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 from pydantic import BaseModel
 
 from agentlightning import semconv
+from agentlightning.conventions import detect_convention, map_convention
 from agentlightning.types.spans import (
     Attributes,
     AttributeValue,
@@ -238,11 +239,17 @@ def spans_from_otlp(
     for resource_spans in request.resource_spans:
         resource = _proto_attributes(resource_spans.resource.attributes)
         for scope_spans in resource_spans.scope_spans:
+            scope = f"{scope_spans.scope.name} {scope_spans.scope.version}".strip()
             for proto_span in scope_spans.spans:
                 try:
-                    spans.append(_span_from_proto(proto_span, resource, rollout_id, attempt_id))
+                    span = _span_from_proto(proto_span, resource, rollout_id, attempt_id)
                 except ValueError as exc:
                     rejected.append(str(exc))
+                    continue
+                # Foreign instrumentations (OpenInference, OpenLLMetry, ...) become readable as our own calls here.
+                if detect_convention(span.attributes) is not None:
+                    span.attributes = map_convention(span.attributes, span_name=span.name, scope=scope or None)
+                spans.append(span)
     return spans, rejected
 
 

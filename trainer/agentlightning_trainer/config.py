@@ -115,7 +115,7 @@ class PolicySpec(BaseModel):
 
 
 class LightningRLConfig(BaseModel):
-    """Settings of a LightningRL run. Defaults are the measured ones that learn (see shared/TRAINER.md)."""
+    """Settings of a LightningRL run; the defaults are the measured ones that learn (docs/algorithm.md)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

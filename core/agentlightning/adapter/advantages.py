@@ -62,8 +62,8 @@ def grpo_advantages(
         group_rollouts.setdefault(group, []).append(rollout_rewards[rid])
     stats: dict[str, tuple[float, float]] = {}
     for group, rollouts in group_rollouts.items():
-        if len(rollouts) == 1:
-            stats[group] = (0.0, 1.0)
+        if len(rollouts) == 1:  # no baseline: mean 0 and std 1, divided by std + epsilon as verl does
+            stats[group] = (0.0, 1.0 + epsilon if normalize_std else 1.0)
             continue
         mean = sum(sum(values) / len(values) for values in rollouts) / len(rollouts)
         pooled = sum(sum((x - mean) ** 2 for x in values) / len(values) for values in rollouts)

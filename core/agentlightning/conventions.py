@@ -1,0 +1,405 @@
+"""Foreign OpenTelemetry conventions (OpenInference, OpenLLMetry, GenAI message parts) mapped onto our span contract.
+
+Spans from other instrumentations describe LLM calls, tool calls and agents with their own attributes. This module
+adds the attributes our hooks record (see :mod:`agentlightning.semconv`) next to the originals, so that the adapter
+reads a foreign call exactly like a native one. It is pure: it only reads and writes attribute dictionaries.
+
+Conventions and the facts each mapping follows (see ``docs/foreign_traces.md`` for the tested package versions):
+
+* ``openinference``: ``openinference.span.kind`` with ``llm.input_messages.{i}.message.*``, ``llm.output_messages``,
+  ``llm.model_name``, ``llm.invocation_parameters``, ``llm.token_count.*``, ``llm.tools.{i}.tool.json_schema``,
+  ``tool.*``, ``agent.name`` and ``graph.node.*`` (openinference-semantic-conventions ``SpanAttributes``).
+* ``openllmetry``: the indexed ``gen_ai.prompt.{i}.*`` / ``gen_ai.completion.{i}.*`` attributes, ``llm.request.type``,
+  ``llm.request.functions.{i}.*`` and ``traceloop.span.kind`` / ``traceloop.entity.*``
+  (opentelemetry-semantic-conventions-ai ``SpanAttributes``).
+* ``otel-genai``: GenAI semconv messages as ``parts`` (``{"role", "parts": [{"type": "text", "content"}, {"type":
+  "tool_call", ...}]}``) and flat tool definitions, rewritten into the OpenAI chat shape our adapter reads; the
+  originals are kept under :data:`ORIGINAL_PREFIX`.
+
+A span that claims a convention but lacks what a call needs is left unmapped and flagged with :data:`MISSING`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Final, cast
+
+from agentlightning import semconv as sc
+from agentlightning.types import Attributes, AttributeValue, Span
+
+CONVENTION: Final = "agentlightning.convention"
+"""Name of the foreign convention a span was mapped from: ``openinference``, ``openllmetry`` or ``otel-genai``."""
+CONVENTION_SCOPE: Final = "agentlightning.convention.scope"
+"""``"<instrumentation scope name> <version>"`` of the span, recorded at OTLP ingest (unknown to the adapter)."""
+MISSING: Final = "agentlightning.convention.missing"
+"""Attributes a span's claimed convention requires but the span lacks; such a span is stored unmapped."""
+ORIGINAL_PREFIX: Final = "agentlightning.convention.original."
+"""Prefix under which an attribute rewritten in place (GenAI ``parts`` messages) keeps its original value."""
+
+OPENINFERENCE: Final = "openinference"
+OPENLLMETRY: Final = "openllmetry"
+OTEL_GENAI: Final = "otel-genai"
+
+_OI_KIND = "openinference.span.kind"
+_TL_KIND = "traceloop.span.kind"
+_TL_REQUEST_TYPE = "llm.request.type"
+# Keys an OpenLLMetry span has one of (a prompt or completion is indexed from 0).
+_TL_MARKERS = frozenset(
+    {
+        _TL_KIND,
+        _TL_REQUEST_TYPE,
+        "traceloop.entity.name",
+        "gen_ai.prompt.0.role",
+        "gen_ai.prompt.0.content",
+        "gen_ai.completion.0.role",
+        "gen_ai.completion.0.content",
+        "llm.request.functions.0.name",
+    }
+)
+_GENAI_KEYS = frozenset({sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_OUTPUT_MESSAGES, sc.GEN_AI_TOOL_DEFINITIONS})
+_NATIVE_SOURCES = frozenset({sc.SOURCE_PROXY, sc.SOURCE_HOOK, sc.SOURCE_EMIT})
+_INDEXED = re.compile(r"^(\d+)\.(.+)$")
+# GenAI FinishReason says "tool_call"; the OpenAI chat shape our adapter reads says "tool_calls".
+_FINISH_REASONS = {"tool_call": "tool_calls"}
+_PART_MESSAGES = (sc.GEN_AI_INPUT_MESSAGES, sc.GEN_AI_OUTPUT_MESSAGES)
+
+
+def detect_convention(attributes: Mapping[str, AttributeValue]) -> str | None:
+    """The foreign convention a span's attributes follow, or None for native and unrecognised spans."""
+    if CONVENTION in attributes or attributes.get(sc.SPAN_SOURCE) in _NATIVE_SOURCES:
+        return None
+    if _OI_KIND in attributes:
+        return OPENINFERENCE
+    # Set operations in C, no generators: the adapter asks this of every span it reads.
+    if not _TL_MARKERS.isdisjoint(attributes):
+        return OPENLLMETRY
+    if _GENAI_KEYS.isdisjoint(attributes):
+        return None
+    if _has_parts(attributes.get(sc.GEN_AI_INPUT_MESSAGES)) or _has_parts(attributes.get(sc.GEN_AI_OUTPUT_MESSAGES)):
+        return OTEL_GENAI
+    return OTEL_GENAI if _flat_tools(attributes) is not None else None
+
+
+def map_convention(
+    attributes: Mapping[str, AttributeValue], *, span_name: str = "", scope: str | None = None
+) -> Attributes:
+    """The span's attributes plus our contract's ones mapped from its foreign convention (unchanged copy if none)."""
+    result: Attributes = dict(attributes)
+    convention = detect_convention(attributes)
+    if convention is None:
+        return result
+    mapped: Attributes = {}
+    try:
+        missing = _MAPPERS[convention](result, mapped, span_name)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        # Foreign input is untrusted: a malformed value flags the span instead of failing the export or the adapter.
+        missing = [f"well-formed attributes ({type(exc).__name__}: {exc})"]
+    result[CONVENTION] = convention
+    if scope:
+        result[CONVENTION_SCOPE] = scope
+    if missing:
+        result[MISSING] = missing
+        return result
+    for key, value in mapped.items():
+        if key.startswith(ORIGINAL_PREFIX) or key in _PART_MESSAGES or key == sc.GEN_AI_TOOL_DEFINITIONS:
+            result[key] = value
+        else:
+            result.setdefault(key, value)
+    return result
+
+
+def apply_convention(span: Span) -> Span:
+    """A stored span with its foreign convention mapped: a new span, or the same one when native or already mapped.
+
+    Never changes ``span`` itself: stores (the in-memory one) may hand out the objects they keep.
+    """
+    if detect_convention(span.attributes) is None:
+        return span
+    return span.model_copy(update={"attributes": map_convention(span.attributes, span_name=span.name)})
+
+
+# --- OpenInference ------------------------------------------------------------------------------------------------
+def _map_openinference(attributes: Attributes, out: Attributes, span_name: str) -> list[str]:
+    kind = str(attributes.get(_OI_KIND, "")).upper()
+    agent = attributes.get("agent.name")
+    if kind == "AGENT" and not agent:
+        # openinference-instrumentation's @tracer.agent names the span after the agent and sets no agent.name.
+        agent = attributes.get("graph.node.name") or span_name
+    if isinstance(agent, str) and agent:
+        out[sc.GEN_AI_AGENT_NAME] = agent
+    if kind == "LLM":
+        return _map_openinference_llm(attributes, out)
+    if kind == "TOOL":
+        if not attributes.get("tool.name"):
+            return ["tool.name"]
+        out[sc.GEN_AI_OPERATION_NAME] = sc.OP_EXECUTE_TOOL
+        out[sc.GEN_AI_TOOL_NAME] = str(attributes["tool.name"])
+        _copy_str(attributes, "tool.id", out, sc.GEN_AI_TOOL_CALL_ID)
+        _copy_str(attributes, "input.value", out, sc.GEN_AI_TOOL_CALL_ARGUMENTS)
+        _copy_str(attributes, "output.value", out, sc.GEN_AI_TOOL_CALL_RESULT)
+    elif kind == "AGENT":
+        if sc.GEN_AI_AGENT_NAME not in out:
+            return ["agent.name"]
+        out[sc.GEN_AI_OPERATION_NAME] = sc.OP_INVOKE_AGENT
+    return []
+
+
+def _map_openinference_llm(attributes: Attributes, out: Attributes) -> list[str]:
+    inputs = _indexed(attributes, "llm.input_messages.")
+    if not inputs:
+        return ["llm.input_messages.0.message.role"]
+    out[sc.GEN_AI_OPERATION_NAME] = sc.OP_CHAT
+    out[sc.GEN_AI_INPUT_MESSAGES] = _dumps([_oi_message(fields) for fields in inputs])
+    outputs = [_oi_message(fields) for fields in _indexed(attributes, "llm.output_messages.")]
+    if outputs:
+        reason = attributes.get("llm.finish_reason")
+        if isinstance(reason, str) and reason:
+            outputs[0].setdefault("finish_reason", reason)
+        out[sc.GEN_AI_OUTPUT_MESSAGES] = _dumps(outputs)
+    _copy_str(attributes, "llm.model_name", out, sc.GEN_AI_REQUEST_MODEL)
+    _copy_str(attributes, "llm.provider", out, sc.GEN_AI_PROVIDER_NAME)
+    _copy_str(attributes, "llm.system", out, sc.GEN_AI_PROVIDER_NAME)
+    _copy_int(attributes, "llm.token_count.prompt", out, sc.GEN_AI_USAGE_INPUT_TOKENS)
+    _copy_int(attributes, "llm.token_count.completion", out, sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+    _invocation_parameters(attributes.get("llm.invocation_parameters"), out)
+    tools = [_loads(fields.get("tool.json_schema")) for fields in _indexed(attributes, "llm.tools.")]
+    if tools:
+        schemas = [cast(dict[str, Any], tool) for tool in tools if isinstance(tool, dict)]
+        out[sc.GEN_AI_TOOL_DEFINITIONS] = _dumps([_openai_tool(schema) for schema in schemas])
+    # OpenInference has no response-id attribute; the JSON response body carries it, and the proxy join needs it.
+    if attributes.get("output.mime_type") == "application/json":
+        body = _loads(attributes.get("output.value"))
+        response_id = cast(dict[str, Any], body).get("id") if isinstance(body, dict) else None
+        if isinstance(response_id, str) and response_id:
+            out[sc.GEN_AI_RESPONSE_ID] = response_id
+    return []
+
+
+def _oi_message(fields: dict[str, AttributeValue]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": str(fields.get("message.role", "user"))}
+    contents = _indexed(fields, "message.contents.")
+    if "message.content" in fields:
+        message["content"] = fields["message.content"]
+    elif contents:
+        message["content"] = [_oi_content(part) for part in contents]
+    calls = _indexed(fields, "message.tool_calls.")
+    if calls:
+        message["tool_calls"] = [
+            _openai_tool_call(
+                call.get("tool_call.id"), call.get("tool_call.function.name"), call.get("tool_call.function.arguments")
+            )
+            for call in calls
+        ]
+    _copy_str(fields, "message.tool_call_id", message, "tool_call_id")
+    _copy_str(fields, "message.name", message, "name")
+    return message
+
+
+def _oi_content(part: dict[str, AttributeValue]) -> dict[str, Any]:
+    if "message_content.image.image.url" in part:
+        return {"type": "image_url", "image_url": {"url": part["message_content.image.image.url"]}}
+    return {"type": "text", "text": part.get("message_content.text", "")}
+
+
+def _invocation_parameters(raw: AttributeValue | None, out: Attributes) -> None:
+    params = _loads(raw)
+    if not isinstance(params, dict):
+        return
+    params = cast(dict[str, Any], params)
+    if isinstance(params.get("model"), str):
+        out.setdefault(sc.GEN_AI_REQUEST_MODEL, params["model"])
+    temperature = params.get("temperature")
+    if isinstance(temperature, int | float) and not isinstance(temperature, bool):
+        out[sc.GEN_AI_REQUEST_TEMPERATURE] = float(temperature)
+    max_tokens = params.get("max_completion_tokens", params.get("max_tokens"))
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool):
+        out[sc.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
+
+
+# --- OpenLLMetry / Traceloop --------------------------------------------------------------------------------------
+def _map_openllmetry(attributes: Attributes, out: Attributes, span_name: str) -> list[str]:
+    kind = attributes.get(_TL_KIND)
+    entity = attributes.get("traceloop.entity.name")
+    if kind == "agent":
+        if not isinstance(entity, str) or not entity:
+            return ["traceloop.entity.name"]
+        out[sc.GEN_AI_OPERATION_NAME] = sc.OP_INVOKE_AGENT
+        out[sc.GEN_AI_AGENT_NAME] = entity
+    elif kind == "tool":
+        if not isinstance(entity, str) or not entity:
+            return ["traceloop.entity.name"]
+        out[sc.GEN_AI_OPERATION_NAME] = sc.OP_EXECUTE_TOOL
+        out[sc.GEN_AI_TOOL_NAME] = entity
+        _copy_str(attributes, "traceloop.entity.input", out, sc.GEN_AI_TOOL_CALL_ARGUMENTS)
+        _copy_str(attributes, "traceloop.entity.output", out, sc.GEN_AI_TOOL_CALL_RESULT)
+    request_type = attributes.get(_TL_REQUEST_TYPE)
+    prompts = _indexed(attributes, "gen_ai.prompt.")
+    if request_type not in ("chat", "completion") and not prompts:
+        return _map_otel_genai(attributes, out, span_name)
+    if not prompts and sc.GEN_AI_INPUT_MESSAGES not in attributes:
+        return ["gen_ai.prompt.0.role"]
+    out[sc.GEN_AI_OPERATION_NAME] = "text_completion" if request_type == "completion" else sc.OP_CHAT
+    if prompts:
+        out[sc.GEN_AI_INPUT_MESSAGES] = _dumps([_tl_message(fields) for fields in prompts])
+    completions = _indexed(attributes, "gen_ai.completion.")
+    if completions:
+        out[sc.GEN_AI_OUTPUT_MESSAGES] = _dumps([_tl_message(fields) for fields in completions])
+    functions = _indexed(attributes, "llm.request.functions.")
+    if functions:
+        out[sc.GEN_AI_TOOL_DEFINITIONS] = _dumps([_tl_function(fields) for fields in functions])
+    # Releases before the GenAI usage names recorded gen_ai.usage.prompt_tokens / completion_tokens.
+    _copy_int(attributes, "gen_ai.usage.prompt_tokens", out, sc.GEN_AI_USAGE_INPUT_TOKENS)
+    _copy_int(attributes, "gen_ai.usage.completion_tokens", out, sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+    _copy_str(attributes, "gen_ai.system", out, sc.GEN_AI_PROVIDER_NAME)
+    return _map_otel_genai(attributes, out, span_name)
+
+
+def _tl_message(fields: dict[str, AttributeValue]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": str(fields.get("role", "user"))}
+    if "content" in fields:
+        message["content"] = fields["content"]
+    calls = _indexed(fields, "tool_calls.")
+    if calls:
+        message["tool_calls"] = [_openai_tool_call(c.get("id"), c.get("name"), c.get("arguments")) for c in calls]
+    _copy_str(fields, "tool_call_id", message, "tool_call_id")
+    reason = fields.get("finish_reason")
+    if isinstance(reason, str) and reason:
+        message["finish_reason"] = _FINISH_REASONS.get(reason, reason)
+    return message
+
+
+def _tl_function(fields: dict[str, AttributeValue]) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": str(fields.get("name", ""))}
+    if isinstance(fields.get("description"), str):
+        function["description"] = fields["description"]
+    parameters = _loads(fields.get("parameters"))
+    if isinstance(parameters, dict):
+        function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+# --- GenAI semconv message parts ----------------------------------------------------------------------------------
+def _map_otel_genai(attributes: Attributes, out: Attributes, span_name: str) -> list[str]:
+    for key in _PART_MESSAGES:
+        raw = attributes.get(key)
+        if not _has_parts(raw):
+            continue
+        value = _loads(raw)
+        out[ORIGINAL_PREFIX + key] = cast(str, raw)
+        messages = [_chat_from_parts(cast(dict[str, Any], m)) for m in cast(list[Any], value) if isinstance(m, dict)]
+        out[key] = _dumps([m for message in messages for m in message])
+    tools = _flat_tools(attributes)
+    if tools is not None:
+        out[ORIGINAL_PREFIX + sc.GEN_AI_TOOL_DEFINITIONS] = cast(str, attributes[sc.GEN_AI_TOOL_DEFINITIONS])
+        out[sc.GEN_AI_TOOL_DEFINITIONS] = _dumps([_openai_tool(tool) for tool in tools])
+    _copy_str(attributes, "gen_ai.system", out, sc.GEN_AI_PROVIDER_NAME)
+    return []
+
+
+def _chat_from_parts(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """OpenAI chat messages of one GenAI message: a tool message per tool_call_response part, else one message."""
+    role = str(message.get("role", "user"))
+    parts = [cast(dict[str, Any], p) for p in cast(list[Any], message.get("parts") or []) if isinstance(p, dict)]
+    texts = [str(p.get("content", "")) for p in parts if p.get("type") == "text"]
+    calls = [
+        _openai_tool_call(p.get("id"), p.get("name"), p.get("arguments")) for p in parts if p.get("type") == "tool_call"
+    ]
+    responses = [p for p in parts if p.get("type") == "tool_call_response"]
+    result: list[dict[str, Any]] = [
+        {"role": "tool", "tool_call_id": str(p.get("id", "")), "content": _text(p.get("response", p.get("result")))}
+        for p in responses
+    ]
+    if texts or calls or not responses:
+        chat: dict[str, Any] = {"role": role, "content": "\n".join(texts) if texts else None}
+        if calls:
+            chat["tool_calls"] = calls
+        if isinstance(message.get("finish_reason"), str):
+            chat["finish_reason"] = _FINISH_REASONS.get(message["finish_reason"], message["finish_reason"])
+        result.append(chat)
+    return result
+
+
+def _has_parts(raw: AttributeValue | None) -> bool:
+    if not isinstance(raw, str) or '"parts"' not in raw:
+        return False
+    value = _loads(raw)
+    return isinstance(value, list) and any(isinstance(m, dict) and "parts" in m for m in cast(list[Any], value))
+
+
+def _flat_tools(attributes: Mapping[str, AttributeValue]) -> list[dict[str, Any]] | None:
+    """GenAI's flat tool definitions (``{"type": "function", "name": ...}``), None when absent or already nested."""
+    value = _loads(attributes.get(sc.GEN_AI_TOOL_DEFINITIONS))
+    if not isinstance(value, list):
+        return None
+    tools = [cast(dict[str, Any], t) for t in cast(list[Any], value) if isinstance(t, dict)]
+    if not any("name" in tool and "function" not in tool for tool in tools):
+        return None
+    return tools
+
+
+# --- shared helpers -----------------------------------------------------------------------------------------------
+def _indexed(attributes: Mapping[str, AttributeValue], prefix: str) -> list[dict[str, AttributeValue]]:
+    """``prefix{i}.rest`` attributes grouped by ``i`` in index order, each as ``{rest: value}``."""
+    groups: dict[int, dict[str, AttributeValue]] = {}
+    for key, value in attributes.items():
+        if not key.startswith(prefix):
+            continue
+        match = _INDEXED.match(key[len(prefix) :])
+        if match is not None:
+            groups.setdefault(int(match.group(1)), {})[match.group(2)] = value
+    return [groups[index] for index in sorted(groups)]
+
+
+def _openai_tool_call(call_id: object, name: object, arguments: object) -> dict[str, Any]:
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments if arguments is not None else {})
+    return {
+        "id": "" if call_id is None else str(call_id),
+        "type": "function",
+        "function": {"name": "" if name is None else str(name), "arguments": arguments},
+    }
+
+
+def _openai_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    if "function" in tool:
+        return tool
+    function = {key: value for key, value in tool.items() if key != "type"}
+    return {"type": "function", "function": function}
+
+
+def _copy_str(source: Mapping[str, Any], key: str, target: dict[str, Any], as_key: str) -> None:
+    value = source.get(key)
+    if isinstance(value, str) and value and as_key not in target:
+        target[as_key] = value
+
+
+def _copy_int(source: Mapping[str, AttributeValue], key: str, target: Attributes, as_key: str) -> None:
+    value = source.get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and as_key not in target:
+        target[as_key] = value
+
+
+def _loads(raw: object) -> object:
+    if not isinstance(raw, str):
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+_MAPPERS: dict[str, Callable[[Attributes, Attributes, str], list[str]]] = {
+    OPENINFERENCE: _map_openinference,
+    OPENLLMETRY: _map_openllmetry,
+    OTEL_GENAI: _map_otel_genai,
+}
