@@ -13,7 +13,7 @@ from agentlightning import semconv
 from agentlightning.store.sqlite import SqliteLightningStore
 from agentlightning.types import LLM, AttemptStatus, Attributes, PromptTemplate, Span
 
-TRAIN_CURVE = [0.1, 0.2, 0.15, 0.3, 0.35, 0.3, 0.5, 0.45, 0.6, 0.7, 0.65, 0.8]
+TRAIN_CURVE = [0.0, 0.2, 0.15, 0.3, 0.35, 0.3, 0.5, 0.45, 0.6, 0.7, 0.65, 0.8]
 VAL_CURVE = [0.2, 0.4, 0.6]
 
 

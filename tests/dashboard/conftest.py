@@ -17,7 +17,7 @@ from agentlightning.store.sqlite import SqliteLightningStore
 from tests.dashboard._seed import Seeded, seed_store
 
 CHROMIUM_ENV = "AGENTLIGHTNING_CHROMIUM"
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
+_SCREENSHOTS: list[Path] = []  # the session's screenshot folder, under pytest's tmp_path (never in the repo)
 # The flags the CI sandbox needs: no setuid sandbox as root, no GPU, and nothing that phones home.
 CHROMIUM_FLAGS = [
     "--headless",
@@ -36,6 +36,14 @@ def chromium_path() -> str | None:
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def screenshot_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where :func:`screenshot` saves: a folder under pytest's basetemp."""
+    directory = tmp_path_factory.mktemp("screenshots")
+    _SCREENSHOTS[:] = [directory]
+    return directory
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +77,8 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
-    """A fresh 1440x900 page; browser console errors fail the test."""
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    """A fresh 1400x900 page; browser console errors fail the test."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
     page = context.new_page()
     errors: list[str] = []
     # 401s are the token test's expected refusals; any other console error is a bug in the pages.
@@ -90,9 +98,8 @@ def page(browser: Any) -> Iterator[Any]:
 
 
 def screenshot(page: Any, name: str) -> Path:
-    """Save a full-page screenshot under test-artifacts/dashboard/."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    path = ARTIFACTS / f"{name}.png"
+    """Save a full-page screenshot in the session's screenshot folder (see :func:`screenshot_dir`)."""
+    path = _SCREENSHOTS[0] / f"{name}.png"
     page.evaluate("() => window.scrollTo(0, 0)")  # the sticky header belongs at the top of a full-page shot
     page.screenshot(path=str(path), full_page=True)
     return path

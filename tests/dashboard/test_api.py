@@ -205,12 +205,17 @@ async def test_curve_resources_and_workers(api: httpx.AsyncClient, store: InMemo
     stuck = await store.enqueue_rollout({"q": 2})
     assert (await store.claim_rollout("w3")) is not None
 
-    curve = (await api.get("/v1/dashboard/curve")).json()
+    curve = (await api.get("/v1/dashboard/curve", params={"points": "true"})).json()
     assert [(p["mode"], p["reward"], p["resources_version"]) for p in curve["points"]] == [
         ("train", 0.1, 2),
         ("val", 0.9, 2),
     ]
-    assert curve["considered"] == 3
+    assert [(s["mode"], [(st["version"], st["count"], st["mean"]) for st in s["steps"]]) for s in curve["series"]] == [
+        ("train", [(2, 1, 0.1)]),
+        ("val", [(2, 1, 0.9)]),
+    ]
+    assert (curve["rewarded"], curve["scanned"], curve["unread"]) == (2, 4, 0)
+    assert (await api.get("/v1/dashboard/curve")).json()["points"] == []  # raw points only on demand
 
     history = await api.get("/v1/dashboard/resources")
     assert "sk-hidden" not in history.text
@@ -219,6 +224,9 @@ async def test_curve_resources_and_workers(api: httpx.AsyncClient, store: InMemo
     prompt = next(i for i in versions[0]["items"] if i["name"] == "p")
     assert prompt["changed"] and prompt["diff"] == ["@@ -1,2 +1,2 @@", " a", "-b", "+c"]
     assert versions[0]["rollouts"] == 4
+    assert versions[0]["changed"] == ["llm", "p"] and versions[1]["changed"] == ["llm", "p"]
+    llm = next(i for i in versions[0]["items"] if i["name"] == "llm")
+    assert llm["field_changes"] == [{"field": "api_key", "before": "(hidden)", "after": "(hidden, changed)"}]
 
     # The store clock stands in 2023, so w3's live attempt has been silent for years by the wall clock.
     workers = {w["worker_id"]: w for w in (await api.get("/v1/dashboard/workers")).json()["workers"]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -118,21 +119,20 @@ def test_retried_rollout_lists_attempts(page: Any, seeded_server: tuple[StoreSer
 
 def test_reward_curve_draws_every_point(page: Any, seeded_server: tuple[StoreServer, Seeded]) -> None:
     server, seeded = seeded_server
-    _open(page, server, "/curves")
-    page.wait_for_selector("svg.chart")
+    _open(page, server, "/curves?raw=1")
+    page.wait_for_selector("svg.chart circle.pt")
     assert page.locator("circle.pt").count() == seeded.rewarded
     assert page.locator("circle.pt-train").count() == 1 + len(TRAIN_CURVE)
     assert page.locator("circle.pt-val").count() == 1 + len(VAL_CURVE)
-    assert page.locator("polyline.trend-train").count() == 1
+    assert page.locator("polyline.mean-train").count() == 1 and page.locator("polygon.band-train").count() == 1
+    assert "mean ± 1 standard error" in page.locator(".legend").inner_text()
     train_card = page.locator(".mode-card-train .stat-value").inner_text()
     assert float(train_card) > 0.5  # the seeded curve rises
     # Later train points sit higher on the chart (smaller y) than the first ones.
     ys = page.locator("circle.pt-train").evaluate_all("cs => cs.map(c => parseFloat(c.getAttribute('cy')))")
     assert sum(ys[-3:]) < sum(ys[1:4])
     screenshot(page, "reward-curves")
-    page.get_by_role("button", name="resources version").click()
-    expect(page.locator("text.tick", has_text="v2")).to_have_count(1)
-    screenshot(page, "reward-curves-by-version")
+    expect(page.locator("text.x-tick", has_text="v2")).to_have_count(1)  # the x axis is the training step
     page.locator("circle.pt-val").first.click()
     page.wait_for_selector(".span-row")
 
@@ -144,8 +144,11 @@ def test_resources_history_shows_prompt_diffs(page: Any, seeded_server: tuple[St
     assert versions.count() == 3
     assert [versions.nth(i).get_attribute("data-version") for i in range(3)] == ["3", "2", "1"]
     v2 = page.locator("section.version[data-version='2']")
-    assert v2.locator(".diff-del").inner_text().strip() == "-Answer with one query."
-    assert v2.locator(".diff-add").inner_text().strip() == "+Answer with one SQLite query, no prose."
+    assert v2.locator("pre.diff .diff-del").inner_text().strip() == "-Answer with one query."
+    assert v2.locator("pre.diff .diff-add").inner_text().strip() == "+Answer with one SQLite query, no prose."
+    change = v2.locator(".field-change[data-field='weights_version']")
+    assert change.inner_text().split() == ["-weights_version:", "0", "+weights_version:", "1"]
+    assert "Changed since v1: policy, writer_prompt" in v2.locator(".changes").inner_text()
     assert v2.locator(".badge.weights").inner_text() == "weights v1"
     assert page.locator("section.version[data-version='3'] .badge.weights").inner_text() == "weights v2"
     assert "sk-secret" not in page.content()  # API keys never reach the page
@@ -189,7 +192,8 @@ def test_new_span_appears_without_reload(page: Any, seeded_server: tuple[StoreSe
 
 def test_reward_curve_grows_live(page: Any, seeded_server: tuple[StoreServer, Seeded]) -> None:
     server, seeded = seeded_server
-    _open(page, server, "/curves")
+    _open(page, server, "/curves?raw=1")
+    page.wait_for_selector("svg.chart circle.pt")
     points = page.locator("circle.pt")
     before = points.count()
     rid, aid = seeded.running_rollout, seeded.running_attempt
@@ -218,3 +222,48 @@ def test_token_protected_store_asks_for_the_token(page: Any) -> None:
         page.get_by_role("button", name="Open dashboard").click()
         page.wait_for_selector("text=No rollouts match these filters yet.")
         assert page.locator("#live").inner_text().startswith("live")
+
+
+def _rgb(page: Any, selector: str) -> list[int]:
+    """The computed text colour of the first match, as [r, g, b]."""
+    colour = page.locator(selector).first.evaluate("el => getComputedStyle(el).color")
+    return [int(n) for n in re.findall(r"\d+", colour)[:3]]
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_pages_fit_the_width_and_show_the_fixes(
+    browser: Any, seeded_server: tuple[StoreServer, Seeded], tmp_path: Path, width: int
+) -> None:
+    server, seeded = seeded_server
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    try:
+        routes = {
+            "rollouts": ("/rollouts", "table.rollouts"),
+            "detail": (f"/rollouts/{seeded.retried_rollout}", "table.attempts"),
+            "curves": ("/curves", "svg.chart polyline.mean"),
+            "resources": ("/resources", "section.version"),
+            "workers": ("/workers", "table.workers"),
+        }
+        for name, (route, ready) in routes.items():
+            _open(page, server, route)
+            page.wait_for_selector(ready)
+            page.evaluate("() => window.scrollTo(0, 0)")
+            page.screenshot(path=str(tmp_path / f"{name}-{width}.png"), full_page=True)
+            overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0, f"{name} overflows by {overflow} px at {width} px"
+            if name == "rollouts":
+                red, green, _ = _rgb(page, "td.reward[data-reward='0']")
+                assert red > green, "a 0.000 reward must not be green"
+                red, green, _ = _rgb(page, "td.reward[data-reward='0.8']")
+                assert green > red
+            if name == "detail":
+                cells = page.locator("table.attempts td.heartbeat").all_inner_texts()
+                assert cells and not any("ago" in c for c in cells), cells  # both attempts are finished
+            if name == "curves":
+                assert page.locator("polygon.band-train").count() == 1
+                assert page.locator("circle.step-val").count() >= 1
+                assert "training step" in (page.locator("text.x-title").text_content() or "")
+                assert page.locator("circle.pt").count() == 0  # raw points only on demand
+    finally:
+        context.close()

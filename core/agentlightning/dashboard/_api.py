@@ -11,9 +11,10 @@ from pydantic import BaseModel
 from starlette.responses import Response
 
 from agentlightning.adapter import TraceAdapter
+from agentlightning.dashboard._curves import RunIndex, reward_curve
 from agentlightning.dashboard._detail import adapt_attempt, rewards_of, span_nodes
 from agentlightning.dashboard._digest import DigestCache, RolloutDigest
-from agentlightning.dashboard._history import curve_points, resource_versions, resources_id_of, worker_rows
+from agentlightning.dashboard._history import resource_versions, resources_id_of, worker_rows
 from agentlightning.dashboard._models import (
     ResourcesHistory,
     RewardCurve,
@@ -23,7 +24,7 @@ from agentlightning.dashboard._models import (
     WorkersPage,
 )
 from agentlightning.store.base import LightningStore
-from agentlightning.types import ROLLOUT_TERMINAL, Rollout, RolloutMode, RolloutStatus
+from agentlightning.types import Rollout, RolloutMode, RolloutStatus
 
 PREFIX: Final = "/v1/dashboard"
 REFRESH_S: Final = 2.0
@@ -41,6 +42,7 @@ def _json(model: BaseModel) -> Response:
 def add_dashboard_routes(app: FastAPI, store: LightningStore, adapter: TraceAdapter) -> None:
     """Register the dashboard's read-only endpoints on the store app (they share its auth and limits)."""
     cache = DigestCache(store)
+    run = RunIndex(store, cache)
     tags: list[str | Enum] = ["dashboard"]
 
     async def versions() -> dict[str, int]:
@@ -167,28 +169,22 @@ def add_dashboard_routes(app: FastAPI, store: LightningStore, adapter: TraceAdap
         return _json(body)
 
     @app.get(f"{PREFIX}/resources", response_model=ResourcesHistory, tags=tags)
-    async def dashboard_resources(
-        recent: int = Query(default=500, ge=0, le=10_000, description="Rollouts counted per snapshot."),
-    ) -> Response:
-        """Every resources snapshot, newest first, with prompt diffs and how many recent rollouts used it."""
-        rollouts = await store.query_rollouts(sort="desc", limit=recent) if recent else []
-        usage: dict[str, int] = {}
-        for rollout, digest in zip(rollouts, await cache.digests(rollouts), strict=True):
-            resources_id = resources_id_of(rollout, digest)
-            if resources_id is not None:
-                usage[resources_id] = usage.get(resources_id, 0) + 1
-        body = ResourcesHistory(versions=resource_versions(await store.list_resources(), usage), refresh_s=REFRESH_S)
+    async def dashboard_resources() -> Response:
+        """Every resources snapshot, newest first, with its diff and how many rollouts of the run used it."""
+        view = await run.view()
+        snapshots = await store.list_resources()
+        body = ResourcesHistory(
+            versions=resource_versions(snapshots, view.usage), unread=view.unread, refresh_s=REFRESH_S
+        )
         return _json(body)
 
     @app.get(f"{PREFIX}/curve", response_model=RewardCurve, tags=tags)
     async def dashboard_curve(
-        limit: int = Query(default=2_000, ge=1, le=20_000, description="The newest finished rollouts to plot."),
+        points: bool = Query(default=False, description="Also return the raw reward of each rollout."),
     ) -> Response:
-        """Rewards of the newest finished rollouts, oldest first, for the reward curves (train/val/test)."""
-        finished: list[RolloutStatus] = [s for s in ROLLOUT_TERMINAL if s != "cancelled"]
-        rollouts = list(reversed(await store.query_rollouts(status=finished, sort="desc", limit=limit)))
-        points = curve_points(rollouts, await cache.digests(rollouts), await versions())
-        return _json(RewardCurve(points=points, considered=len(rollouts), refresh_s=REFRESH_S))
+        """Reward per training step (resources version) and mode over the whole run: mean and standard error."""
+        body = reward_curve(await run.view(), await versions(), with_points=points, refresh_s=REFRESH_S)
+        return _json(body)
 
     @app.get(f"{PREFIX}/workers", response_model=WorkersPage, tags=tags)
     async def dashboard_workers(

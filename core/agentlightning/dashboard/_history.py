@@ -1,18 +1,22 @@
-"""Views over time: resources snapshots with prompt diffs, reward points for the curves, workers from attempts."""
+"""Views over time: resources snapshots with their diffs, and workers from the attempts they claimed."""
 
 from __future__ import annotations
 
 import difflib
+import json
 import time
 from collections.abc import Sequence
 
 from agentlightning.dashboard._digest import RolloutDigest
-from agentlightning.dashboard._models import CurvePoint, ResourceItem, ResourceVersion, WorkerRow
+from agentlightning.dashboard._models import FieldChange, ResourceItem, ResourceVersion, WorkerRow
 from agentlightning.types import LLM, PromptTemplate, Resource, ResourcesSnapshot, Rollout
 
 
 def resource_versions(snapshots: Sequence[ResourcesSnapshot], usage: dict[str, int]) -> list[ResourceVersion]:
-    """Snapshots newest first, each resource compared with the same name in the snapshot before it."""
+    """Snapshots newest first, each resource compared with the same name in the snapshot before it.
+
+    ``usage`` maps a resources id to the number of rollouts that ran with it.
+    """
     versions: list[ResourceVersion] = []
     previous: dict[str, Resource] = {}
     for snapshot in sorted(snapshots, key=lambda s: s.version):
@@ -25,6 +29,7 @@ def resource_versions(snapshots: Sequence[ResourcesSnapshot], usage: dict[str, i
                 items=items,
                 removed=sorted(previous.keys() - snapshot.resources.keys()),
                 rollouts=usage.get(snapshot.resources_id, 0),
+                changed=[item.name for item in items if item.added or item.changed],
             )
         )
         previous = dict(snapshot.resources)
@@ -38,6 +43,9 @@ def _item(name: str, resource: Resource, before: Resource | None) -> ResourceIte
         old = before.template if isinstance(before, PromptTemplate) else None
         changed = not added and (old != resource.template or before != resource)
         diff: list[str] = []
+        fields: list[FieldChange] = []
+        if isinstance(before, PromptTemplate) and before.engine != resource.engine:
+            fields.append(FieldChange(field="engine", before=before.engine, after=resource.engine))
         if old is not None and old != resource.template:
             lines = difflib.unified_diff(
                 old.splitlines(), resource.template.splitlines(), "previous", "this version", lineterm="", n=2
@@ -51,6 +59,7 @@ def _item(name: str, resource: Resource, before: Resource | None) -> ResourceIte
             template=resource.template,
             engine=resource.engine,
             diff=diff,
+            field_changes=fields,
         )
     assert isinstance(resource, LLM)
     # The API key is left out on purpose: the page is for looking, and keys end up in screenshots.
@@ -63,7 +72,28 @@ def _item(name: str, resource: Resource, before: Resource | None) -> ResourceIte
         base_url=resource.base_url,
         weights_version=resource.weights_version,
         sampling=dict(resource.sampling),
+        field_changes=_llm_changes(before, resource) if isinstance(before, LLM) else [],
     )
+
+
+def _llm_changes(before: LLM, after: LLM) -> list[FieldChange]:
+    """The LLM fields that differ, in the order people look for them; the API key only as "changed"."""
+    changes: list[FieldChange] = []
+    for name in ("base_url", "model", "weights_version", "sampling", "agent_models", "proxied"):
+        old, new = getattr(before, name), getattr(after, name)
+        if old != new:
+            changes.append(FieldChange(field=name, before=_shown(old), after=_shown(new)))
+    if before.api_key != after.api_key:
+        changes.append(FieldChange(field="api_key", before="(hidden)", after="(hidden, changed)"))
+    return changes
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
 
 
 def resources_id_of(rollout: Rollout, digest: RolloutDigest) -> str | None:
@@ -72,29 +102,6 @@ def resources_id_of(rollout: Rollout, digest: RolloutDigest) -> str | None:
     if latest is not None and latest.resources_id is not None:
         return latest.resources_id
     return rollout.resources_id
-
-
-def curve_points(
-    rollouts: Sequence[Rollout], digests: Sequence[RolloutDigest], versions: dict[str, int]
-) -> list[CurvePoint]:
-    """One point per finished rollout that has a reward, oldest first."""
-    points: list[CurvePoint] = []
-    for rollout, digest in zip(rollouts, digests, strict=True):
-        if digest.reward is None:
-            continue
-        resources_id = resources_id_of(rollout, digest)
-        points.append(
-            CurvePoint(
-                rollout_id=rollout.rollout_id,
-                mode=rollout.mode,
-                status=rollout.status,
-                enqueue_ms=rollout.enqueue_time / 1e6,
-                reward=digest.reward,
-                resources_version=versions.get(resources_id) if resources_id else None,
-            )
-        )
-    points.sort(key=lambda p: p.enqueue_ms)
-    return points
 
 
 def worker_rows(digests: Sequence[RolloutDigest], silent_after_s: float) -> list[WorkerRow]:

@@ -123,6 +123,14 @@ class RolloutDetail(BaseModel):
     refresh_s: float
 
 
+class FieldChange(BaseModel):
+    """One field of a resource that differs from the previous snapshot, values rendered as text."""
+
+    field: str
+    before: str
+    after: str
+
+
 class ResourceItem(BaseModel):
     """One named resource of a snapshot, with what changed since the previous snapshot."""
 
@@ -137,6 +145,9 @@ class ResourceItem(BaseModel):
     base_url: str | None = None
     weights_version: int | None = None
     sampling: dict[str, Any] = Field(default_factory=dict[str, Any])
+    field_changes: list[FieldChange] = Field(
+        default_factory=list[FieldChange], description="Fields that differ from the previous snapshot's resource."
+    )
 
 
 class ResourceVersion(BaseModel):
@@ -147,32 +158,58 @@ class ResourceVersion(BaseModel):
     create_ms: float
     items: list[ResourceItem]
     removed: list[str]
-    rollouts: int = Field(description="Rollouts among the recent ones that ran with this snapshot.")
+    rollouts: int = Field(description="Every rollout of the store that ran (or is queued to run) with it.")
+    changed: list[str] = Field(description="Names of the resources added or changed since the previous snapshot.")
 
 
 class ResourcesHistory(BaseModel):
     """Every snapshot, newest first."""
 
     versions: list[ResourceVersion]
+    unread: int = Field(description="Rollouts not counted yet (a first look at a long run reads it in parts).")
     refresh_s: float
 
 
+class CurveStep(BaseModel):
+    """The rewards of one series at one training step (resources version), over the whole run."""
+
+    version: int | None = Field(description="The snapshot's version; None = no (or an unknown) snapshot.")
+    count: int
+    mean: float
+    stderr: float = Field(description="Standard error of the mean; the band is mean ± stderr.")
+    low: float
+    high: float
+
+
+class CurveSeries(BaseModel):
+    """One mode's (train, val, test or none) per-step rewards, oldest step first."""
+
+    mode: str
+    rollouts: int
+    steps: list[CurveStep]
+
+
 class CurvePoint(BaseModel):
-    """The reward of one finished rollout."""
+    """The reward of one finished rollout (raw-points view)."""
 
     rollout_id: str
-    mode: RolloutMode | None
+    mode: str
     status: RolloutStatus
-    enqueue_ms: float
     reward: float
     resources_version: int | None
 
 
 class RewardCurve(BaseModel):
-    """Rewards of the most recent finished rollouts, oldest first."""
+    """Per-step reward statistics of every finished rollout, and raw points on request."""
 
-    points: list[CurvePoint]
-    considered: int = Field(description="Finished rollouts looked at (the newest ones, up to the request's limit).")
+    series: list[CurveSeries]
+    band: str = Field(description="What the shaded band around each mean shows, as the page labels it.")
+    rewarded: int = Field(description="Finished rollouts with a reward in the statistics.")
+    scanned: int = Field(description="Rollouts read so far (all of them unless unread > 0).")
+    unread: int = Field(description="Rollouts not read yet: the statistics are partial until it is 0.")
+    points: list[CurvePoint] = Field(description="Raw points; empty unless asked for.")
+    points_total: int = Field(description="Rewarded rollouts the raw points stand for.")
+    points_stride: int = Field(description="1 = every raw point; k = every k-th rollout of a long series.")
     refresh_s: float
 
 

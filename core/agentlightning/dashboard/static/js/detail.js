@@ -1,7 +1,6 @@
 // Rollout detail: header, attempts, and the span tree as a timeline with the adapter's transitions and credit.
 import { api, setRefresh, updateQuery } from "./main.js";
-import { badge, empty, field, fmtAgo, fmtDuration, fmtMs, fmtReward, fmtTime, h, pill, pretty, replace, shortId } from "./dom.js";
-import { rewardClass } from "./rollouts.js";
+import { badge, empty, field, fmtAgo, fmtDuration, fmtMs, fmtReward, fmtTime, h, pill, pretty, replace, rewardRange, rewardStyle, shortId } from "./dom.js";
 
 const KIND_LABEL = { agent: "agent", llm: "LLM", tool: "tool", reward: "reward", other: "span" };
 
@@ -28,6 +27,8 @@ export async function refresh(state, query) {
   if (fingerprint === state.last) return;
   state.last = fingerprint;
   state.data = data;
+  // One colour scale per attempt, so a step reward and the final one compare at a glance.
+  state.range = rewardRange([...data.rewards.map((r) => r.value), ...data.spans.map((sp) => sp.reward)]);
   drawHead(state, data);
   drawAttempts(state, data);
   drawAdapter(state, data);
@@ -51,7 +52,7 @@ function drawHead(state, data) {
       field("Mode", r.mode || "—"),
       field("Group", r.group_id ? shortId(r.group_id, 20) : "—"),
       field("Attempts", `${r.num_attempts} of ${r.config.max_attempts}`),
-      field("Final reward", h("span", { class: `reward ${rewardClass(final)}`, text: fmtReward(final) })),
+      field("Final reward", h("span", { class: "reward", text: fmtReward(final), style: rewardStyle(final, state.range) })),
       field("Resources", data.resources_version === null ? "—" : `v${data.resources_version}`),
       field("Enqueued", fmtTime(r.enqueue_time / 1e6)),
       field("Duration", fmtDuration(duration)),
@@ -79,7 +80,7 @@ function drawAttempts(state, data) {
       h("td", {}, a.worker_id ? shortId(a.worker_id, 18) : "—"),
       h("td", { class: "nowrap", text: fmtTime(a.start_time / 1e6) }),
       h("td", { class: "num", text: fmtDuration(((a.end_time ?? Date.now() * 1e6) - a.start_time) / 1e9) }),
-      h("td", { class: "nowrap", text: a.last_heartbeat_time ? fmtAgo(a.last_heartbeat_time / 1e6) : "—" }),
+      h("td", { class: "nowrap heartbeat", text: heartbeat(a) }),
       h("td", { class: "error-text", text: a.error || "" }),
     ),
   );
@@ -87,14 +88,24 @@ function drawAttempts(state, data) {
   replace(
     state.attempts,
     h("h2", { text: "Attempts" }),
-    h("table", { class: "grid attempts" }, h("thead", {}, h("tr", {}, head.map((t) => h("th", { text: t })))), h("tbody", {}, rows)),
+    h("div", { class: "table-wrap attempts-wrap" }, h("table", { class: "grid attempts" }, h("thead", {}, h("tr", {}, head.map((t) => h("th", { text: t })))), h("tbody", {}, rows))),
   );
 }
 
+const LIVE_ATTEMPT = new Set(["preparing", "running"]);
+
+/** "4 s ago" for a live attempt; a finished attempt has no heartbeat to age, so it shows when it ended. */
+function heartbeat(a) {
+  if (LIVE_ATTEMPT.has(a.status)) return a.last_heartbeat_time ? fmtAgo(a.last_heartbeat_time / 1e6) : "none yet";
+  return a.end_time ? `ended ${fmtTime(a.end_time / 1e6)}` : "—";
+}
+
 function drawAdapter(state, data) {
-  const rewards = data.rewards.map((r) =>
-    badge(`${r.is_final ? "final" : "step"} ${fmtReward(r.value)} after ${r.after_calls} call${r.after_calls === 1 ? "" : "s"}`, r.is_final ? "reward final" : "reward"),
-  );
+  const rewards = data.rewards.map((r) => {
+    const el = badge(`${r.is_final ? "final" : "step"} ${fmtReward(r.value)} after ${r.after_calls} call${r.after_calls === 1 ? "" : "s"}`, r.is_final ? "reward final" : "reward");
+    Object.assign(el.style, rewardStyle(r.value, state.range, r.is_final ? "solid" : "badge"));
+    return el;
+  });
   const agentsInput = h("input", { name: "agents", placeholder: "all agents (e.g. writer,re:re.*)", value: data.agents || "" });
   const creditSelect = h(
     "select",
@@ -181,7 +192,11 @@ function spanRow(state, span, end, parent) {
   if (span.input_tokens !== null || span.output_tokens !== null) tags.push(badge(`${span.input_tokens ?? "?"} → ${span.output_tokens ?? "?"} tok`, "tokens"));
   else if (span.prompt_token_ids || span.response_token_ids) tags.push(badge(`${span.prompt_token_ids} → ${span.response_token_ids} ids`, "tokens"));
   if (span.tool_name && span.kind === "tool") tags.push(badge(span.tool_name, "tool"));
-  if (span.reward !== null) tags.push(badge(`reward ${fmtReward(span.reward)}`, `reward ${rewardClass(span.reward)}`));
+  if (span.reward !== null) {
+    const el = badge(`reward ${fmtReward(span.reward)}`, "reward");
+    Object.assign(el.style, rewardStyle(span.reward, state.range, "badge"));
+    tags.push(el);
+  }
   if (span.transition) tags.push(badge(`transition #${span.turn_index} · credit ${fmtReward(span.credit)}`, "transition"));
   else if (span.kind === "llm" && span.twin_of) tags.push(badge("twin (merged)", "muted-badge"));
   else if (span.kind === "llm" && span.turn_index !== null) tags.push(badge(span.selected ? "no reward: not trained" : "agent not trained", "muted-badge"));

@@ -47,6 +47,30 @@ export function fmtReward(value) {
   return value === null || value === undefined ? "—" : Number(value).toFixed(3);
 }
 
+/** The [lo, hi] range a reward colour scale spans: 0..1 (the usual success reward), widened to hold every value. */
+export function rewardRange(values) {
+  const known = values.filter((v) => v !== null && v !== undefined);
+  return [Math.min(0, ...known), Math.max(1, ...known)];
+}
+
+/** Hue of a reward on a red → amber → green scale over [lo, hi].
+
+lo maps to red (hue 0), the middle of the range to amber (hue 40) and hi to green (hue 130), linearly in between,
+so the colour says where a reward sits in the range: a 0.000 on a 0..1 reward is red, never green. */
+export function rewardHue(value, [lo, hi] = [0, 1]) {
+  const t = hi > lo ? Math.min(1, Math.max(0, (value - lo) / (hi - lo))) : 0.5;
+  return t < 0.5 ? t * 2 * 40 : 40 + (t - 0.5) * 2 * 90;
+}
+
+/** Inline colours of a reward value (text) or badge (tinted background), from rewardHue(); nothing for no reward. */
+export function rewardStyle(value, range, kind = "text") {
+  if (value === null || value === undefined) return undefined;
+  const hue = rewardHue(value, range);
+  if (kind === "solid") return { backgroundColor: `hsl(${hue}, 62%, 36%)`, color: "#fff" };
+  if (kind === "badge") return { backgroundColor: `hsl(${hue}, 80%, 91%)`, color: `hsl(${hue}, 75%, 27%)` };
+  return { color: `hsl(${hue}, 72%, 36%)` };
+}
+
 /** A duration in seconds as "850 ms", "12.4 s", "3 m 20 s", "2 h 5 m". */
 export function fmtDuration(seconds) {
   if (seconds === null || seconds === undefined) return "—";

@@ -1,6 +1,6 @@
 // The rollouts table: status, mode, agents, attempts, reward, duration; filters by status/mode/agent; paging.
 import { api, setRefresh, updateQuery } from "./main.js";
-import { badge, empty, fmtDuration, fmtReward, fmtTime, h, pill, replace, shortId } from "./dom.js";
+import { badge, empty, fmtDuration, fmtReward, fmtTime, h, pill, replace, rewardRange, rewardStyle, shortId } from "./dom.js";
 
 const STATUSES = ["queuing", "preparing", "running", "requeuing", "succeeded", "failed", "cancelled"];
 const MODES = ["train", "val", "test"];
@@ -62,6 +62,7 @@ export async function refresh(state, query) {
 }
 
 function table(rows) {
+  const range = rewardRange(rows.map((r) => r.reward));
   const head = ["Rollout", "Status", "Mode", "Agents", "Attempts", "Reward", "LLM calls", "Spans", "Duration", "Enqueued", "Worker", "Res."];
   return h(
     "table",
@@ -85,7 +86,7 @@ function table(rows) {
           h("td", {}, r.mode ? badge(r.mode, `mode-${r.mode}`) : h("span", { class: "muted", text: "—" })),
           h("td", { class: "agents" }, r.agents.length ? r.agents.map((a) => badge(a, "agent")) : h("span", { class: "muted", text: "—" })),
           h("td", { class: "num", text: r.attempts }),
-          h("td", { class: `num reward ${rewardClass(r.reward)}`, text: fmtReward(r.reward) }),
+          h("td", { class: "num reward", text: fmtReward(r.reward), style: rewardStyle(r.reward, range), "data-reward": r.reward }),
           h("td", { class: "num", text: r.llm_calls }),
           h("td", { class: "num", text: r.spans }),
           h("td", { class: "num", text: fmtDuration(r.duration_s) }),
@@ -96,10 +97,4 @@ function table(rows) {
       ),
     ),
   );
-}
-
-/** CSS class of a reward cell: good, bad or neutral. */
-export function rewardClass(value) {
-  if (value === null || value === undefined) return "";
-  return value > 0 ? "good" : value < 0 ? "bad" : "zero";
 }
