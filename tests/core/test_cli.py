@@ -229,5 +229,6 @@ def test_troubleshooting_page_covers_every_check_diagnosis() -> None:
     heads = [check.FIX_NO_SPANS.split(":")[0], check.FIX_NO_CALLS.split(":")[0], check.FIX_NO_REWARD]
     heads += ["no token ids", "lack token ids", "prompts over max_prompt_tokens", "responses over max_response_tokens"]
     heads += ["no readable reward", "no calls matched", "without gen_ai.response.id cannot be joined"]
+    heads += ["foreign-convention spans without what an LLM or tool call needs"]
     for head in heads:
         assert head in page, head

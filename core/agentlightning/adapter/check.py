@@ -10,6 +10,7 @@ from agentlightning import semconv
 from agentlightning.adapter.calls import LLMCall
 from agentlightning.adapter.selection import AgentSelector, AgentSpec
 from agentlightning.adapter.trace import TraceAdapter
+from agentlightning.conventions import CONVENTION, MISSING
 from agentlightning.emit import find_rewards
 from agentlightning.store.base import LightningStore
 from agentlightning.types import Span
@@ -141,6 +142,9 @@ async def check_store(
         check.calls_selected = len(trace.selected)
         check.rewards_found = len(trace.rewards)
         check.agents_seen = sorted({c.agent_name for c in trace.calls if c.agent_name is not None})
+        flagged = _flagged_foreign(trace.tree.spans.values())
+        if flagged:
+            check.problems.append(flagged)
         if not trace.calls:
             check.problems.append(FIX_NO_CALLS)
         elif not trace.selected:
@@ -178,6 +182,24 @@ async def check_store(
             check.problems.append(_no_reward_line(trace.tree.spans.values()))
         check.trainable_calls = ok_calls if trace.rewards else 0
     return report
+
+
+def _flagged_foreign(spans: Iterable[Span]) -> str | None:
+    """One line for spans of a foreign convention stored unmapped because they lack what a call needs."""
+    flagged = [s for s in spans if s.attributes.get(MISSING)]
+    if not flagged:
+        return None
+    by_convention: dict[str, set[str]] = {}
+    for span in flagged:
+        missing = span.attributes[MISSING]
+        names = [str(m) for m in missing] if isinstance(missing, list) else [str(missing)]
+        by_convention.setdefault(str(span.attributes.get(CONVENTION, "a foreign convention")), set()).update(names)
+    what = "; ".join(f"{name} without {', '.join(sorted(names))}" for name, names in sorted(by_convention.items()))
+    return (
+        f"foreign-convention spans without what an LLM or tool call needs: {len(flagged)} ({what}); stored "
+        "unmapped, they train nothing: enable the instrumentation's message capture, or route "
+        "the model through the proxy (llm.base_url) to record the calls with token ids"
+    )
 
 
 def _no_match_line(selector: AgentSelector, agents_seen: list[str], calls: Sequence[LLMCall]) -> str:

@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from agentlightning import semconv
 from agentlightning.adapter.calls import find_llm_calls
+from agentlightning.adapter.check import check_store
 from agentlightning.conventions import (
     CONVENTION,
     MISSING,
@@ -125,3 +126,9 @@ async def test_bad_spans_are_stored_flagged_and_adapter_skips_them(
     assert [s.attributes[MISSING] for s in flagged] == [["llm.input_messages.0.message.role"]]
     (call,) = find_llm_calls(spans)
     assert json.loads(str(call.input_messages)) == [{"role": "user"}]
+
+    # agl check names the flagged span, its convention and what it lacks.
+    report = await check_store(store)
+    (line,) = [p for p in report.rollouts[0].problems if "foreign-convention" in p]
+    assert line.startswith("foreign-convention spans without what an LLM or tool call needs: 1 (")
+    assert "openinference without llm.input_messages.0.message.role" in line
