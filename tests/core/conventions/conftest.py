@@ -16,6 +16,7 @@ from agentlightning import semconv
 from agentlightning.server import StoreServer
 from agentlightning.store.memory import InMemoryLightningStore
 from agentlightning.testing import FakeOpenAI, call_offered_tools
+from agentlightning.types import Span
 
 TOOLS: Any = [
     {
@@ -118,3 +119,21 @@ def assert_weather_calls(llm_spans: list[Any], responses: list[Any]) -> None:
     assert history[3]["tool_call_id"] == call_id and history[3]["content"] == "sunny"
     (answer,) = loads(second.attributes[semconv.GEN_AI_OUTPUT_MESSAGES])
     assert answer["content"] == responses[1].choices[0].message.content
+
+
+async def run_instrumented(
+    store: InMemoryLightningStore, server: StoreServer, client: openai.OpenAI, instrumentor: Any
+) -> tuple[list[Span], list[Any]]:
+    """The weather turns under an agent span, with ``instrumentor`` on a fresh provider exporting to ``server``;
+    returns the attempt's stored spans and the responses."""
+    rollout_id, attempt_id = await new_attempt(store)
+    provider = TracerProvider()
+    export_to(provider, server, rollout_id, attempt_id)
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        with provider.get_tracer("agent").start_as_current_span("invoke_agent weather", attributes=AGENT_ATTRIBUTES):
+            responses = weather_turns(client, lambda arguments: "sunny")
+    finally:
+        instrumentor.uninstrument()
+        provider.shutdown()
+    return await store.query_spans(rollout_id, attempt_id), responses

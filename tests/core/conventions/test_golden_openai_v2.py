@@ -8,7 +8,6 @@ import openai
 import pytest
 from opentelemetry.instrumentation._semconv import _OpenTelemetrySemanticConventionStability  # pyright: ignore[reportPrivateUsage] -- the only switch to re-read the opt-in
 from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
-from opentelemetry.sdk.trace import TracerProvider
 
 from agentlightning import semconv
 from agentlightning.adapter.calls import find_llm_calls
@@ -16,11 +15,7 @@ from agentlightning.conventions import CONVENTION, MISSING, OTEL_GENAI
 from agentlightning.server import StoreServer
 from agentlightning.store.memory import InMemoryLightningStore
 from tests.core.conventions.conftest import (
-    AGENT_ATTRIBUTES,
     assert_weather_calls,
-    export_to,
-    new_attempt,
-    weather_turns,
 )
 
 
@@ -48,18 +43,7 @@ def span_content(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 async def test_openai_v2_span_attribute_messages(
     store: InMemoryLightningStore, server: StoreServer, client: openai.OpenAI
 ) -> None:
-    rollout_id, attempt_id = await new_attempt(store)
-    provider = TracerProvider()
-    export_to(provider, server, rollout_id, attempt_id)
-    instrumentor = OpenAIInstrumentor()
-    instrumentor.instrument(tracer_provider=provider)
-    try:
-        with provider.get_tracer("agent").start_as_current_span("invoke_agent weather", attributes=AGENT_ATTRIBUTES):
-            responses = weather_turns(client, lambda arguments: "sunny")
-    finally:
-        instrumentor.uninstrument()
-        provider.shutdown()
-    spans = await store.query_spans(rollout_id, attempt_id)
+    spans, responses = await run_instrumented(store, server, client, OpenAIInstrumentor())
     llm = [s for s in spans if s.name == "chat fake-model"]
     assert all(s.attributes[CONVENTION] == OTEL_GENAI and MISSING not in s.attributes for s in llm)
     # The tool definitions are not recorded by this release; the mapping adds none.

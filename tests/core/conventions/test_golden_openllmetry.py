@@ -5,7 +5,6 @@ from __future__ import annotations
 import openai
 import pytest
 from opentelemetry.instrumentation.openai import OpenAIInstrumentor
-from opentelemetry.sdk.trace import TracerProvider
 
 from agentlightning import semconv
 from agentlightning.adapter.calls import find_llm_calls
@@ -13,12 +12,8 @@ from agentlightning.conventions import CONVENTION, CONVENTION_SCOPE, MISSING, OR
 from agentlightning.server import StoreServer
 from agentlightning.store.memory import InMemoryLightningStore
 from tests.core.conventions.conftest import (
-    AGENT_ATTRIBUTES,
     assert_weather_calls,
-    export_to,
     loads,
-    new_attempt,
-    weather_turns,
 )
 
 # The instrumentor's responses wrapper declares a class-based pydantic Config, deprecated under pydantic 2.
@@ -28,18 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`
 async def test_openllmetry_openai_calls_under_an_agent(
     store: InMemoryLightningStore, server: StoreServer, client: openai.OpenAI
 ) -> None:
-    rollout_id, attempt_id = await new_attempt(store)
-    provider = TracerProvider()
-    export_to(provider, server, rollout_id, attempt_id)
-    instrumentor = OpenAIInstrumentor()
-    instrumentor.instrument(tracer_provider=provider)
-    try:
-        with provider.get_tracer("agent").start_as_current_span("invoke_agent weather", attributes=AGENT_ATTRIBUTES):
-            responses = weather_turns(client, lambda arguments: "sunny")
-    finally:
-        instrumentor.uninstrument()
-        provider.shutdown()
-    spans = await store.query_spans(rollout_id, attempt_id)
+    spans, responses = await run_instrumented(store, server, client, OpenAIInstrumentor())
     llm = [s for s in spans if s.name == "openai.chat"]
     # Releases from 0.5x on write GenAI semconv messages as parts, not the indexed gen_ai.prompt.N attributes.
     assert all(s.attributes[CONVENTION] == OTEL_GENAI and MISSING not in s.attributes for s in llm)
