@@ -205,6 +205,15 @@ class LightningRLConfig(BaseModel):
         "named are served by the untouched base, so their behaviour cannot change; an agent's calls train only its "
         "own weights. Agents pick their weights by model name: LLM.model_for(agent).",
     )
+    retokenize: Literal["matching", "all", "off"] = Field(
+        default="matching",
+        description="Calls recorded without token ids (foreign traces, models not behind the LLM proxy) are "
+        "re-tokenised with the policy's tokenizer and chat template, as the policy server renders a request. "
+        "'matching': train those whose recorded usage (gen_ai.usage.input_tokens/output_tokens) equals the "
+        "re-tokenised lengths; skip drifting calls and calls without usage counts (they cannot be checked). 'all': "
+        "train every re-tokenised call. 'off': engine token ids only. Counted per step (update/retokenized, "
+        "update/retokenize_skipped_drift, update/retokenize_skipped_no_usage).",
+    )
     max_prompt_tokens: int = Field(default=192, ge=1, description="Longer prompts are dropped from training.")
     max_response_tokens: int = Field(default=6, ge=1, description="max_tokens sent with every training request.")
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature of training rollouts.")
@@ -231,9 +240,46 @@ class LightningRLConfig(BaseModel):
         "every step and end as if it had trained.",
     )
     rollout_timeout_s: float = Field(default=300.0, gt=0, description="How long one step waits for its rollouts.")
+    rollout_heartbeat_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="An attempt silent (no span, no heartbeat) this long is marked unresponsive by the watchdog and "
+        "retried while rollout_max_attempts allow: a runner killed mid-rollout then costs this long, not "
+        "rollout_timeout_s. Keep it above the runners' heartbeat interval (10 s by default). None = none.",
+    )
+    rollout_max_attempts: int = Field(
+        default=1,
+        ge=1,
+        description="Attempts a training rollout may take (the first included); > 1 retries an attempt that timed "
+        "out or went silent, e.g. on a runner that was killed.",
+    )
+    mode: Literal["sync", "async"] = Field(
+        default="sync",
+        description="'sync': each step waits for its own rollouts, then runners idle while the learner updates. "
+        "'async' (torch backend): runners keep running rollouts of the current weights while the learner trains on "
+        "finished task groups, each sample at most max_staleness policy versions old (docs/algorithm.md, "
+        "'Asynchronous training').",
+    )
+    max_staleness: int = Field(
+        default=1,
+        description="mode='async': a step trains only on task groups whose every sample was served by a policy at "
+        "most this many versions older than the learner's; older groups are dropped whole and counted "
+        "(async/stale_groups_dropped). At most (max_staleness + 1) x tasks_per_step groups are in flight. 0 = no "
+        "overlap (the synchronous schedule).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> LightningRLConfig:
+        if self.max_staleness < 0:
+            raise ValueError(
+                f"max_staleness must be >= 0 (versions a sample may lag the learner); got {self.max_staleness}. "
+                "0 trains only on the current version's samples; 1 is the default of mode='async'"
+            )
+        if self.mode == "async" and self.backend != "torch":
+            raise ValueError(
+                f"mode='async' is not supported by backend {self.backend!r}: its trainer generates and trains in "
+                "lockstep. Use mode='sync' with verl, or backend='torch' for asynchronous training"
+            )
         if self.backend == "verl" and importlib.util.find_spec("verl") is None:
             raise ValueError(
                 "backend 'verl' needs verl, which is not installed: pip install \"agent-lightning[verl]\" "
