@@ -17,13 +17,18 @@ Conventions and the facts each mapping follows (see ``docs/foreign_traces.md`` f
   originals are kept under :data:`ORIGINAL_PREFIX`.
 
 A span that claims a convention but lacks what a call needs is left unmapped and flagged with :data:`MISSING`.
+
+GenAI message *events* sent as OTLP log records (``POST /v1/logs``) are stored as spans of their own
+(:data:`LOG_SOURCE`) and folded into the span they name when the adapter reads the attempt
+(:func:`apply_conventions`): the per-message ``gen_ai.{role}.message`` / ``gen_ai.choice`` events
+(opentelemetry-instrumentation-openai-v2's default form) and the ``gen_ai.client.inference.operation.details`` event.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, cast
 
 from agentlightning import semconv as sc
@@ -37,6 +42,15 @@ MISSING: Final = "agentlightning.convention.missing"
 """Attributes a span's claimed convention requires but the span lacks; such a span is stored unmapped."""
 ORIGINAL_PREFIX: Final = "agentlightning.convention.original."
 """Prefix under which an attribute rewritten in place (GenAI ``parts`` messages) keeps its original value."""
+
+LOG_SOURCE: Final = "otlp-log"
+"""``agentlightning.span.source`` of a span that holds one OTLP log record (parent = the record's span)."""
+LOG_EVENT_NAME: Final = "agentlightning.log.event_name"
+"""Event name of a stored log record (``LogRecord.event_name``, or its ``event.name`` attribute)."""
+LOG_BODY: Final = "agentlightning.log.body"
+"""Body of a stored log record as JSON text."""
+LOG_RECORDS: Final = "agentlightning.convention.log_records"
+"""How many log records the adapter folded into a span (set on its copy, never stored)."""
 
 OPENINFERENCE: Final = "openinference"
 OPENLLMETRY: Final = "openllmetry"
@@ -118,6 +132,141 @@ def apply_convention(span: Span) -> Span:
     if detect_convention(span.attributes) is None:
         return span
     return span.model_copy(update={"attributes": map_convention(span.attributes, span_name=span.name)})
+
+
+def apply_conventions(spans: Sequence[Span]) -> list[Span]:
+    """An attempt's spans as the adapter reads them: conventions mapped, GenAI log records folded into their span.
+
+    Log-record spans leave the result: those whose span is present become its messages (on a copy), the others
+    (their span never arrived) stay in the store only. Spans are never changed in place.
+    """
+    records: dict[str, list[Span]] = {}
+    result: list[Span] = []
+    for span in spans:
+        if span.attributes.get(sc.SPAN_SOURCE) == LOG_SOURCE:
+            if span.parent_id is not None:
+                records.setdefault(span.parent_id, []).append(span)
+            continue
+        result.append(apply_convention(span))
+    if records:
+        for index, span in enumerate(result):
+            own = records.get(span.span_id)
+            if own is not None:
+                result[index] = fold_log_records(span, [r for r in own if r.trace_id == span.trace_id] or own)
+    return result
+
+
+def fold_log_records(span: Span, records: Sequence[Span]) -> Span:
+    """A copy of ``span`` with the GenAI messages its log records carry; the span's own attributes win."""
+    attributes: Attributes = dict(span.attributes)
+    ordered = sorted(records, key=lambda r: (r.start_time, r.sequence_id))
+    try:
+        mapped, missing = _messages_from_records(ordered)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        # Foreign input is untrusted: a malformed record flags the span instead of failing the adapter.
+        mapped, missing = {}, [f"well-formed log records ({type(exc).__name__}: {exc})"]
+    attributes[LOG_RECORDS] = len(ordered)
+    if not mapped and not missing:
+        return span.model_copy(update={"attributes": attributes})  # records of another kind: nothing to fold
+    attributes.setdefault(CONVENTION, OTEL_GENAI)
+    if missing and sc.GEN_AI_INPUT_MESSAGES not in attributes:
+        attributes[MISSING] = missing
+    for key, value in mapped.items():
+        attributes.setdefault(key, value)
+    _copy_str(attributes, "gen_ai.system", attributes, sc.GEN_AI_PROVIDER_NAME)
+    return span.model_copy(update={"attributes": attributes})
+
+
+_DETAILS_EVENT = "gen_ai.client.inference.operation.details"
+_DETAILS_KEYS = (
+    sc.GEN_AI_INPUT_MESSAGES,
+    sc.GEN_AI_OUTPUT_MESSAGES,
+    sc.GEN_AI_SYSTEM_INSTRUCTIONS,
+    sc.GEN_AI_TOOL_DEFINITIONS,
+)
+
+
+def _messages_from_records(records: Sequence[Span]) -> tuple[Attributes, list[str]]:
+    """(mapped message attributes, what is missing) from a span's GenAI event records, in emission order."""
+    inputs: list[dict[str, Any]] = []
+    choices: list[tuple[int, dict[str, Any]]] = []
+    details: Attributes = {}
+    for record in records:
+        name = record.attributes.get(LOG_EVENT_NAME, record.name)
+        if name == _DETAILS_EVENT:
+            for key in _DETAILS_KEYS:
+                if key in record.attributes and key not in details:
+                    details[key] = record.attributes[key]
+        elif name == "gen_ai.choice":
+            choices.append(_choice_from_event(_event_body(record, str(name))))
+        elif isinstance(name, str) and name.startswith("gen_ai.") and name.endswith(".message"):
+            inputs.append(_message_from_event(name[len("gen_ai.") : -len(".message")], _event_body(record, name)))
+    mapped: Attributes = {}
+    if details:
+        # The details event carries the span attribute form's keys (as arrays of maps): map them the same way.
+        converted = map_convention(details)
+        mapped.update({key: value for key, value in converted.items() if not key.startswith("agentlightning.")})
+        mapped.update({key: value for key, value in converted.items() if key.startswith(ORIGINAL_PREFIX)})
+        if MISSING in converted:
+            return {}, cast(list[str], converted[MISSING])
+    if inputs and sc.GEN_AI_INPUT_MESSAGES not in mapped:
+        if not any("content" in m or "tool_calls" in m for m in inputs):
+            # Without content capture the events name roles only: nothing to train on.
+            return {}, ["content of gen_ai.*.message records (set OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT)"]
+        mapped[sc.GEN_AI_INPUT_MESSAGES] = _dumps(inputs)
+    if choices and sc.GEN_AI_OUTPUT_MESSAGES not in mapped:
+        mapped[sc.GEN_AI_OUTPUT_MESSAGES] = _dumps([message for _, message in sorted(choices, key=lambda c: c[0])])
+    return mapped, []
+
+
+def _event_body(record: Span, name: str) -> dict[str, Any]:
+    raw = record.attributes.get(LOG_BODY)
+    if raw is None:
+        return {}
+    body = json.loads(str(raw))
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise TypeError(f"{name} body is {type(body).__name__}, not a map")
+    return cast(dict[str, Any], body)
+
+
+def _message_from_event(role: str, body: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI chat message from a ``gen_ai.{role}.message`` event body (GenAI events spec, v1.28-1.36)."""
+    message: dict[str, Any] = {"role": str(body.get("role") or role)}
+    if "content" in body:
+        message["content"] = body["content"]
+    calls = body.get("tool_calls")
+    if calls is not None:
+        message["tool_calls"] = [_event_tool_call(call) for call in cast(list[Any], calls)]
+        message.setdefault("content", None)
+    if body.get("id") is not None and message["role"] == "tool":
+        message["tool_call_id"] = str(body["id"])
+    return message
+
+
+def _choice_from_event(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """(index, OpenAI chat message) of a ``gen_ai.choice`` event body."""
+    raw = body.get("message")
+    inner = cast(dict[str, Any], raw) if isinstance(raw, dict) else {}
+    message: dict[str, Any] = {"role": str(inner.get("role") or "assistant"), "content": inner.get("content")}
+    calls = inner.get("tool_calls")
+    if calls is not None:
+        message["tool_calls"] = [_event_tool_call(call) for call in cast(list[Any], calls)]
+    reason = body.get("finish_reason")
+    if isinstance(reason, str) and reason:
+        message["finish_reason"] = _FINISH_REASONS.get(reason, reason)
+    index = body.get("index", 0)
+    return (index if isinstance(index, int) else 0), message
+
+
+def _event_tool_call(call: object) -> dict[str, Any]:
+    if not isinstance(call, dict):
+        raise TypeError(f"a tool call is {type(call).__name__}, not a map")
+    fields = cast(dict[str, Any], call)
+    function = fields.get("function")
+    function = cast(dict[str, Any], function) if isinstance(function, dict) else {}
+    return _openai_tool_call(fields.get("id"), function.get("name"), function.get("arguments"))
 
 
 # --- OpenInference ------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from agentlightning import semconv
-from agentlightning.conventions import apply_convention
+from agentlightning.conventions import apply_conventions
 from agentlightning.types import Span
 
 _AGENT_NAME = semconv.GEN_AI_AGENT_NAME
@@ -174,9 +174,10 @@ def build_call_tree(spans: Sequence[Span]) -> CallTree:
     """Arrange the spans of one attempt into a tree; input order does not matter (children sort by time).
 
     A span id seen twice keeps the copy with the higher sequence id (the store's latest word on it). Spans of a
-    foreign convention stored unmapped (sent before ingest mapped them, or another way) are mapped here, on copies.
+    foreign convention stored unmapped (sent before ingest mapped them, or another way) are mapped here, on copies,
+    and GenAI log records (OTLP ``/v1/logs``) are folded into the span they name.
     """
-    spans = [apply_convention(span) for span in spans]
+    spans = apply_conventions(spans)
     by_id = {span.span_id: span for span in spans}
     if len(by_id) != len(spans):
         by_id: dict[str, Span] = {}

@@ -19,6 +19,7 @@ from agentlightning import __version__, _wire as m
 from agentlightning.server._fast_route import FastRoute, OrjsonRoute
 from agentlightning.server._middleware import StoreEdgeMiddleware, StoreMetrics
 from agentlightning.server._otlp import add_otlp_route
+from agentlightning.server._otlp_logs import add_otlp_logs_route
 from agentlightning.store._keys import MAX_KEY_LENGTH
 from agentlightning.store.base import IllegalTransitionError, LightningStore, NotFoundError, StoreStatistics
 from agentlightning.types import (
@@ -88,7 +89,7 @@ def create_app(
     max_spans_per_request: int = DEFAULT_MAX_SPANS_PER_REQUEST,
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
 ) -> FastAPI:
-    """The store served over HTTP: REST under ``/v1``, OTLP/HTTP ``POST /v1/traces``, ``/health``, ``/metrics``."""
+    """The store served over HTTP: REST under /v1, OTLP /v1/traces and /v1/logs, /health, /metrics."""
     if max_body_bytes <= 0 or max_spans_per_request <= 0 or max_wait_s <= 0:
         raise ValueError(
             f"limits must be positive: max_body_bytes={max_body_bytes}, "
@@ -316,6 +317,7 @@ def create_app(
         max_body_bytes=max_body_bytes,
         max_spans_per_request=max_spans_per_request,
     )
+    add_otlp_logs_route(app, store, metrics=metrics, max_body_bytes=max_body_bytes, max_records=max_spans_per_request)
     app.state.metrics = metrics
     from agentlightning.dashboard import mount_dashboard  # on use: it pulls in the adapter, which importers skip
 

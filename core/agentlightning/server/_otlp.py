@@ -1,5 +1,8 @@
 """OTLP/HTTP trace ingest (``POST /v1/traces``): any OpenTelemetry exporter can send spans with no SDK of ours.
 
+The shared pieces (body reading, JSON ids, google.rpc.Status answers, storing per attempt) serve ``POST /v1/logs``
+too (:mod:`agentlightning.server._otlp_logs`).
+
 Follows https://opentelemetry.io/docs/specs/otlp/#otlphttp: protobuf (``application/x-protobuf``) or JSON
 (``application/json``, hex trace/span ids) bodies, optional gzip; 200 with ``partial_success`` naming rejected spans;
 4xx bodies are ``google.rpc.Status`` messages. Rollout and attempt ids come from the headers
@@ -18,12 +21,12 @@ import binascii
 import logging
 import zlib
 from collections.abc import Iterator
-from typing import Any, Final, cast
+from typing import Any, Final, TypeVar, cast
 
 import orjson
 from fastapi import FastAPI, Request
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -47,12 +50,17 @@ from agentlightning.types import Span
 
 logger = logging.getLogger("agentlightning.server.otlp")
 
+_Export = TypeVar("_Export", bound=Message)
+_SPAN_CONTAINERS: Final = ("resourceSpans", "scopeSpans", "spans")
+
 PROTOBUF: Final = "application/x-protobuf"
 JSON: Final = "application/json"
 _MAX_REASONS: Final = 5
 
 
-class _OtlpError(Exception):
+class OtlpError(Exception):
+    """A refused OTLP export: answered as google.rpc.Status with ``status``."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
@@ -69,12 +77,16 @@ def add_otlp_route(
         as_json = media == JSON
         try:
             if media not in (PROTOBUF, JSON):
-                raise _OtlpError(415, f"content-type {media!r} is not OTLP; send {PROTOBUF} or {JSON}")
-            body = await _read_body(request, max_body_bytes)
-            export = _parse_json(body) if as_json else _parse_protobuf(body)
+                raise OtlpError(415, f"content-type {media!r} is not OTLP; send {PROTOBUF} or {JSON}")
+            body = await read_body(request, max_body_bytes)
+            export = (
+                parse_json(body, ExportTraceServiceRequest, _SPAN_CONTAINERS)
+                if as_json
+                else parse_protobuf(body, ExportTraceServiceRequest)
+            )
             count = sum(len(scope.spans) for rs in export.resource_spans for scope in rs.scope_spans)
             if count > max_spans_per_request:
-                raise _OtlpError(
+                raise OtlpError(
                     413,
                     f"{count} spans in one export; this server accepts at most {max_spans_per_request} "
                     "(max_spans_per_request). Lower the exporter's batch size (OTEL_BSP_MAX_EXPORT_BATCH_SIZE).",
@@ -86,20 +98,24 @@ def add_otlp_route(
             )
             for span in spans:
                 if span_has_nonfinite(span):
-                    raise _OtlpError(400, str(nonfinite_span_error(span)))
+                    raise OtlpError(400, str(nonfinite_span_error(span)))
         except BodyTooLargeError as exc:
-            return _status(413, str(exc.detail), as_json)
-        except _OtlpError as exc:
-            return _status(exc.status, exc.message, as_json)
+            return status_response(413, str(exc.detail), as_json)
+        except OtlpError as exc:
+            return status_response(exc.status, exc.message, as_json)
         rejected = count - len(spans)
-        accepted, store_reasons = await _store_by_attempt(store, spans)
+        accepted, store_reasons = await store_by_attempt(store, spans)
         rejected += len(spans) - accepted
         reasons = [*reasons, *store_reasons]
         metrics.spans_ingested.labels("otlp").inc(accepted)
         if rejected:
             metrics.spans_rejected.inc(rejected)
             logger.warning("OTLP export: %d of %d spans rejected: %s", rejected, count, "; ".join(reasons[:3]))
-        return _success(rejected, reasons, as_json)
+        answer = ExportTraceServiceResponse()
+        if rejected:
+            answer.partial_success.rejected_spans = rejected
+            answer.partial_success.error_message = partial_message(rejected, reasons, "spans")
+        return encode_answer(answer, as_json)
 
     app.add_api_route(
         "/v1/traces",
@@ -122,15 +138,15 @@ def add_otlp_route(
         },
     )
 
-    _document_status_errors(app)
+    document_status_errors(app, "/v1/traces", "spans")
 
 
-# What the route answers as google.rpc.Status (in the request's encoding), as OTLP/HTTP specifies; 401/403 come from
+# What the routes answer as google.rpc.Status (in the request's encoding), as OTLP/HTTP specifies; 401/403 come from
 # the server's edge in its own error shape, and 413 from either (a Content-Length over the limit is refused there).
 _STATUS_ERRORS: Final = {
     "400": "google.rpc.Status (code 3): not an OTLP export, or a double that is NaN or Infinity (the message names "
-    "the span and attribute; JSON, which the store keeps, has no such numbers).",
-    "413": "google.rpc.Status (code 8): more spans than max_spans_per_request, or a body over the limit once "
+    "the {noun} and attribute; JSON, which the store keeps, has no such numbers).",
+    "413": "google.rpc.Status (code 8): more {noun} than max_spans_per_request, or a body over the limit once "
     "decompressed; ErrorBody when the Content-Length alone is over the limit.",
     "415": "google.rpc.Status (code 3): a content-type or content-encoding OTLP/HTTP does not define.",
 }
@@ -142,8 +158,8 @@ _RPC_STATUS_SCHEMA: Final = {
 }
 
 
-def _document_status_errors(app: FastAPI) -> None:
-    """Make the spec of ``POST /v1/traces`` name the errors it answers: the app-wide ErrorBody ones do not apply."""
+def document_status_errors(app: FastAPI, path: str, noun: str) -> None:
+    """Make the spec of ``POST path`` name the errors it answers: the app-wide ErrorBody ones do not apply."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -152,13 +168,13 @@ def _document_status_errors(app: FastAPI) -> None:
         schemas["GoogleRpcStatus"] = _RPC_STATUS_SCHEMA
         status = {"$ref": "#/components/schemas/GoogleRpcStatus"}
         binary = {"schema": {"type": "string", "format": "binary"}}
-        responses = spec["paths"]["/v1/traces"]["post"]["responses"]
+        responses = spec["paths"][path]["post"]["responses"]
         for code in ("404", "409", "422"):  # the route never answers these
             responses.pop(code, None)
         for code, text in _STATUS_ERRORS.items():
             json_schema = {"oneOf": [status, {"$ref": "#/components/schemas/ErrorBody"}]} if code == "413" else status
             responses[code] = {
-                "description": text,
+                "description": text.format(noun=noun),
                 "content": {PROTOBUF: binary, JSON: {"schema": json_schema}},
             }
         return spec
@@ -166,47 +182,51 @@ def _document_status_errors(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]  # FastAPI documents overriding it this way
 
 
-async def _read_body(request: Request, max_body_bytes: int) -> bytes:
+async def read_body(request: Request, max_body_bytes: int) -> bytes:
+    """The request body, inflated (gzip or deflate) up to ``max_body_bytes``."""
     body = await request.body()
     encoding = (request.headers.get("content-encoding") or "identity").strip().lower()
     if encoding == "identity":
         return body
     if encoding not in ("gzip", "deflate"):
-        raise _OtlpError(415, f"content-encoding {encoding!r} is not supported; send gzip or none")
+        raise OtlpError(415, f"content-encoding {encoding!r} is not supported; send gzip or none")
     # Decompress with a cap: a few kilobytes of gzip can expand to gigabytes.
     inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
     try:
         data = inflater.decompress(body, max_body_bytes + 1)
     except zlib.error as exc:
-        raise _OtlpError(400, f"body is not valid {encoding}: {exc}") from exc
+        raise OtlpError(400, f"body is not valid {encoding}: {exc}") from exc
     if len(data) > max_body_bytes or inflater.unconsumed_tail:
         raise BodyTooLargeError(max_body_bytes, what="decompressed request body")
     return data
 
 
-def _parse_protobuf(body: bytes) -> ExportTraceServiceRequest:
+def parse_protobuf(body: bytes, message: type[_Export]) -> _Export:
+    """An OTLP/protobuf export as ``message``."""
     try:
-        return ExportTraceServiceRequest.FromString(body)
+        return message.FromString(body)
     except DecodeError as exc:
-        raise _OtlpError(400, f"body is not an OTLP ExportTraceServiceRequest protobuf: {exc}") from exc
+        raise OtlpError(400, f"body is not an OTLP {message.__name__} protobuf: {exc}") from exc
 
 
-def _parse_json(body: bytes) -> ExportTraceServiceRequest:
+def parse_json(body: bytes, message: type[_Export], containers: tuple[str, str, str]) -> _Export:
+    """An OTLP/JSON export as its protobuf ``message``; ``containers`` name the resource, scope and item lists."""
+    name = message.__name__
     try:
         parsed: Any = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         found = nonfinite_in_refused_json(exc)
         reason = str(exc) if found is None else _describe_otlp_nonfinite(*found)
-        raise _OtlpError(400, f"body is not valid JSON: {reason}") from exc
+        raise OtlpError(400, f"body is not valid JSON: {reason}") from exc
     if not isinstance(parsed, dict):
-        raise _OtlpError(400, "body must be an OTLP ExportTraceServiceRequest JSON object")
+        raise OtlpError(400, f"body must be an OTLP {name} JSON object")
     data = cast(dict[str, Any], parsed)
     try:
-        for holder, key in _id_fields(data):
+        for holder, key in _id_fields(data, containers):
             holder[key] = _hex_to_base64(holder[key], key)
-        return json_format.ParseDict(data, ExportTraceServiceRequest(), ignore_unknown_fields=True)
+        return json_format.ParseDict(data, message(), ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, AttributeError) as exc:
-        raise _OtlpError(400, f"body is not an OTLP ExportTraceServiceRequest: {exc}") from exc
+        raise OtlpError(400, f"body is not an OTLP {name}: {exc}") from exc
 
 
 def _describe_otlp_nonfinite(data: object, location: Location, value: float) -> str:
@@ -224,14 +244,14 @@ def _describe_otlp_nonfinite(data: object, location: Location, value: float) -> 
             holder = cast(dict[str, Any], node)
             if previous == "attributes" and attribute is None:  # the outermost: a kvlist's keys are inside it
                 attribute = holder.get("key")
-            elif previous == "spans":
-                span = holder.get("name")
+            elif previous in ("spans", "logRecords", "log_records"):
+                span = holder.get("name") or holder.get("eventName") or holder.get("event_name")
         previous = step
     owner = "" if attribute is None else f" (attribute {attribute!r}{'' if span is None else f' of span {span!r}'})"
     return f"{describe_location(location)}{owner} is {describe_float(value)}; {NO_NONFINITE}"
 
 
-def _id_fields(data: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:
+def _id_fields(data: dict[str, Any], containers: tuple[str, str, str]) -> Iterator[tuple[dict[str, Any], str]]:
     # OTLP/JSON writes ids as hex, where the generic protobuf JSON mapping expects base64 (OTLP spec, "JSON").
     def objects(holder: dict[str, Any], *names: str) -> list[dict[str, Any]]:
         for name in names:
@@ -241,20 +261,25 @@ def _id_fields(data: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str]]:
                 return [cast(dict[str, Any], item) for item in items if isinstance(item, dict)]
         return []
 
-    for rs in objects(data, "resourceSpans", "resource_spans"):
-        for ss in objects(rs, "scopeSpans", "scope_spans"):
-            for span in objects(ss, "spans"):
-                for holder in (span, *objects(span, "links")):
+    resources, scopes, items = containers
+    for rs in objects(data, resources, _snake(resources)):
+        for ss in objects(rs, scopes, _snake(scopes)):
+            for item in objects(ss, items, _snake(items)):
+                for holder in (item, *objects(item, "links")):
                     for key in ("traceId", "trace_id", "spanId", "span_id", "parentSpanId", "parent_span_id"):
                         if isinstance(holder.get(key), str):
                             yield holder, key
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
 
 
 def _hex_to_base64(value: str, key: str) -> str:
     try:
         return base64.b64encode(bytes.fromhex(value)).decode()
     except (ValueError, binascii.Error) as exc:
-        raise _OtlpError(400, f"{key} {value!r} is not hex (OTLP/JSON writes trace and span ids as hex)") from exc
+        raise OtlpError(400, f"{key} {value!r} is not hex (OTLP/JSON writes trace and span ids as hex)") from exc
 
 
 def _group_by_attempt(spans: list[Span]) -> dict[tuple[str, str], list[Span]]:
@@ -264,7 +289,8 @@ def _group_by_attempt(spans: list[Span]) -> dict[tuple[str, str], list[Span]]:
     return groups
 
 
-async def _store_by_attempt(store: LightningStore, spans: list[Span]) -> tuple[int, list[str]]:
+async def store_by_attempt(store: LightningStore, spans: list[Span]) -> tuple[int, list[str]]:
+    """Add spans one attempt at a time: (how many were stored, why the others were not)."""
     # One transaction per attempt: an export mixing attempts keeps the spans of valid attempts when one is unknown.
     accepted = 0
     reasons: list[str] = []
@@ -278,19 +304,22 @@ async def _store_by_attempt(store: LightningStore, spans: list[Span]) -> tuple[i
     return accepted, reasons
 
 
-def _success(rejected: int, reasons: list[str], as_json: bool) -> Response:
-    answer = ExportTraceServiceResponse()
-    if rejected:
-        answer.partial_success.rejected_spans = rejected
-        shown = "; ".join(reasons[:_MAX_REASONS])
-        more = f" (and {len(reasons) - _MAX_REASONS} more)" if len(reasons) > _MAX_REASONS else ""
-        answer.partial_success.error_message = (shown + more) or f"{rejected} spans rejected"
+def partial_message(rejected: int, reasons: list[str], noun: str) -> str:
+    """``partial_success.error_message``: the first reasons, and how many more there were."""
+    shown = "; ".join(reasons[:_MAX_REASONS])
+    more = f" (and {len(reasons) - _MAX_REASONS} more)" if len(reasons) > _MAX_REASONS else ""
+    return (shown + more) or f"{rejected} {noun} rejected"
+
+
+def encode_answer(answer: Message, as_json: bool) -> Response:
+    """An export's 200 answer in the request's encoding."""
     if as_json:
         return Response(orjson.dumps(json_format.MessageToDict(answer)), media_type=JSON)
     return Response(answer.SerializeToString(), media_type=PROTOBUF)
 
 
-def _status(code: int, message: str, as_json: bool) -> Response:
+def status_response(code: int, message: str, as_json: bool) -> Response:
+    """A refusal as google.rpc.Status in the request's encoding."""
     # google.rpc.Status (code = 3 INVALID_ARGUMENT, 8 RESOURCE_EXHAUSTED) encoded by hand: two fields do not
     # justify a dependency on googleapis-common-protos.
     rpc_code = 8 if code == 413 else 3

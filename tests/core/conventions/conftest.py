@@ -8,7 +8,9 @@ from typing import Any
 
 import openai
 import pytest
+from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
@@ -72,6 +74,15 @@ def export_to(provider: TracerProvider, server: StoreServer, rollout_id: str, at
     provider.add_span_processor(SimpleSpanProcessor(exporter))
 
 
+def log_exporter(server: StoreServer, rollout_id: str, attempt_id: str) -> OTLPLogExporter:
+    """The stock OTLP/HTTP log exporter to ``server``'s ``/v1/logs``, with the attempt in headers."""
+    return OTLPLogExporter(
+        endpoint=f"{server.url}/v1/logs",
+        headers={semconv.HEADER_ROLLOUT_ID: rollout_id, semconv.HEADER_ATTEMPT_ID: attempt_id},
+        timeout=10,
+    )
+
+
 def weather_turns(client: openai.OpenAI, run_tool: Callable[[str], str]) -> list[Any]:
     """Two chat calls: the model calls ``get_weather``, the tool answers, the model replies; returns both responses."""
     messages: list[Any] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "weather in Paris?"}]
@@ -122,17 +133,26 @@ def assert_weather_calls(llm_spans: list[Any], responses: list[Any]) -> None:
 
 
 async def run_instrumented(
-    store: InMemoryLightningStore, server: StoreServer, client: openai.OpenAI, instrumentor: Any
+    store: InMemoryLightningStore,
+    server: StoreServer,
+    client: openai.OpenAI,
+    instrumentor: Any,
+    *,
+    attempt: tuple[str, str] | None = None,
+    logger_provider: LoggerProvider | None = None,
+    turns: Callable[[openai.OpenAI], list[Any]] | None = None,
 ) -> tuple[list[Span], list[Any]]:
-    """The weather turns under an agent span, with ``instrumentor`` on a fresh provider exporting to ``server``;
-    returns the attempt's stored spans and the responses."""
-    rollout_id, attempt_id = await new_attempt(store)
+    """``turns`` (default: the weather turns) under an agent span, with ``instrumentor`` on a fresh provider
+    exporting to ``server`` (log records to ``logger_provider`` when given); returns the attempt's stored spans and
+    the responses."""
+    rollout_id, attempt_id = attempt or await new_attempt(store)
     provider = TracerProvider()
     export_to(provider, server, rollout_id, attempt_id)
-    instrumentor.instrument(tracer_provider=provider)
+    options: dict[str, Any] = {} if logger_provider is None else {"logger_provider": logger_provider}
+    instrumentor.instrument(tracer_provider=provider, **options)
     try:
         with provider.get_tracer("agent").start_as_current_span("invoke_agent weather", attributes=AGENT_ATTRIBUTES):
-            responses = weather_turns(client, lambda arguments: "sunny")
+            responses = turns(client) if turns else weather_turns(client, lambda arguments: "sunny")
     finally:
         instrumentor.uninstrument()
         provider.shutdown()

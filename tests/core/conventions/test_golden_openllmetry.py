@@ -14,6 +14,7 @@ from agentlightning.store.memory import InMemoryLightningStore
 from tests.core.conventions.conftest import (
     assert_weather_calls,
     loads,
+    run_instrumented,
 )
 
 # The instrumentor's responses wrapper declares a class-based pydantic Config, deprecated under pydantic 2.
