@@ -28,8 +28,9 @@ from agentlightning.adapter.credit import (
     per_call_credit,
     register_credit_strategy,
 )
+from agentlightning.adapter.retokenize import RetokenizeCounts, Retokenized, RetokenizeMode, Retokenizer
 from agentlightning.adapter.selection import AgentSelector, AgentSpec
-from agentlightning.adapter.trace import AttemptTrace, TraceAdapter, aggregate_trajectories
+from agentlightning.adapter.trace import AttemptTrace, TraceAdapter, aggregate_trajectories, call_messages
 from agentlightning.adapter.tree import CallTree, build_call_tree
 
 __all__ = [
@@ -44,12 +45,17 @@ __all__ = [
     "EventOrder",
     "LLMCall",
     "LossAggregation",
+    "RetokenizeCounts",
+    "RetokenizeMode",
+    "Retokenized",
+    "Retokenizer",
     "RewardEvent",
     "RolloutCheck",
     "TraceAdapter",
     "aggregate_trajectories",
     "assign_credit",
     "build_call_tree",
+    "call_messages",
     "check_store",
     "discounted_credit",
     "discounted_returns",

@@ -32,6 +32,9 @@ _POLICY_VERSION = semconv.POLICY_VERSION
 _INPUT_MESSAGES = semconv.GEN_AI_INPUT_MESSAGES
 _OUTPUT_MESSAGES = semconv.GEN_AI_OUTPUT_MESSAGES
 _SYSTEM_INSTRUCTIONS = semconv.GEN_AI_SYSTEM_INSTRUCTIONS
+_TOOL_DEFINITIONS = semconv.GEN_AI_TOOL_DEFINITIONS
+_INPUT_TOKENS = semconv.GEN_AI_USAGE_INPUT_TOKENS
+_OUTPUT_TOKENS = semconv.GEN_AI_USAGE_OUTPUT_TOKENS
 _PROXY = semconv.SOURCE_PROXY
 _SPAN_REWARD = semconv.SPAN_REWARD
 
@@ -65,6 +68,12 @@ class LLMCall:
     """True when the span status is ERROR (the call has no usable response)."""
     turn_index: int = 0
     """Position among all calls of the attempt (0-based, every agent), in the adapter's event order."""
+    tool_definitions: str | None = None
+    """``gen_ai.tool.definitions`` as recorded (a JSON string): the tools the model was offered."""
+    input_tokens: int | None = None
+    """``gen_ai.usage.input_tokens``: the prompt's length as the serving engine counted it."""
+    output_tokens: int | None = None
+    """``gen_ai.usage.output_tokens``: the reply's length as the serving engine counted it."""
 
     @property
     def has_token_ids(self) -> bool:
@@ -192,6 +201,7 @@ def _merge(twins: list[Span], tree: CallTree) -> LLMCall:
     input_messages = struct_attrs.get(_INPUT_MESSAGES)
     output_messages = struct_attrs.get(_OUTPUT_MESSAGES)
     system = struct_attrs.get(_SYSTEM_INSTRUCTIONS)
+    tools = struct_attrs.get(_TOOL_DEFINITIONS)
     end_time = structural.end_time
     return LLMCall(
         span_id=structural.span_id,
@@ -210,6 +220,9 @@ def _merge(twins: list[Span], tree: CallTree) -> LLMCall:
         output_messages=output_messages if isinstance(output_messages, str) else None,
         system_instructions=system if isinstance(system, str) else None,
         failed=failed,
+        tool_definitions=tools if isinstance(tools, str) else None,
+        input_tokens=_count(data_attrs.get(_INPUT_TOKENS)),
+        output_tokens=_count(data_attrs.get(_OUTPUT_TOKENS)),
     )
 
 
@@ -218,6 +231,10 @@ def _ints(value: object) -> list[int]:
     if isinstance(value, list) and value:
         return cast(list[int], value)
     return []
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _floats(value: object) -> list[float] | None:

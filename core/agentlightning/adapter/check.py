@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from agentlightning import semconv
 from agentlightning.adapter.calls import LLMCall
+from agentlightning.adapter.retokenize import FIX_DRIFT, Retokenized, RetokenizeMode, Retokenizer, trains
 from agentlightning.adapter.selection import AgentSelector, AgentSpec
 from agentlightning.adapter.trace import TraceAdapter
 from agentlightning.conventions import CONVENTION, MISSING
@@ -28,6 +29,9 @@ FIX_NO_TOKEN_IDS = (
     "route the agent's LLM calls through the proxy (LLM.base_url_for) or use an upstream that returns token ids"
 )
 FIX_NO_REWARD = "no reward: return a float from the rollout function or call emit_reward(...)"
+HINT_RETOKENIZE = (
+    "; or re-tokenise them with the trained model's tokenizer: agl check --policy SPEC says whether that drifts"
+)
 
 
 @dataclass(slots=True)
@@ -42,13 +46,20 @@ class RolloutCheck:
     calls_selected: int = 0
     calls_with_token_ids: int = 0
     """Selected calls carrying prompt and response token ids."""
+    calls_retokenized: int = 0
+    """Selected calls without token ids whose re-tokenised ids train (``retokenize`` mode; needs a retokenizer)."""
+    calls_drifting: int = 0
+    """Re-tokenised calls whose recorded usage disagrees with the re-tokenised lengths."""
+    calls_unverified: int = 0
+    """Re-tokenised calls without recorded usage counts to check them against."""
     rewards_found: int = 0
     long_prompts: int = 0
     long_responses: int = 0
     agents_seen: list[str] = field(default_factory=list[str])
     problems: list[str] = field(default_factory=list[str])
     trainable_calls: int = 0
-    """Selected calls with token ids within the length limits (0 when the rollout has no reward)."""
+    """Selected calls with token ids (recorded, or re-tokenised and kept) within the length limits (0 when the rollout
+    has no reward)."""
 
     @property
     def trainable(self) -> bool:
@@ -99,7 +110,8 @@ class CheckReport:
                 r.status,
                 str(r.calls_found),
                 str(r.calls_selected),
-                f"{r.calls_with_token_ids}/{r.calls_selected}",
+                f"{r.calls_with_token_ids}/{r.calls_selected}"
+                + (f" +{r.calls_retokenized} re-tokenised" if r.calls_retokenized else ""),
                 str(r.rewards_found),
                 f"{r.long_prompts}p {r.long_responses}r" if r.long_prompts or r.long_responses else "-",
                 "[green]yes[/]" if r.trainable else "[red]no[/]",
@@ -120,8 +132,14 @@ async def check_store(
     max_prompt_tokens: int | None = None,
     max_response_tokens: int | None = None,
     limit: int | None = None,
+    retokenizer: Retokenizer | None = None,
+    retokenize: RetokenizeMode = "matching",
 ) -> CheckReport:
-    """Run the adapter over the store's rollouts (latest attempt each) and report what training would get."""
+    """Run the adapter over the store's rollouts (latest attempt each) and report what training would get.
+
+    With a ``retokenizer`` (the trained model's tokenizer, ``agl check --policy SPEC``), selected calls without token
+    ids are re-tokenised and checked against their recorded usage; they count as trainable as ``retokenize`` says.
+    """
     selector = AgentSelector.of(agents)
     adapter = TraceAdapter(agents=selector, include_messages=False)
     rollouts = await store.query_rollouts(rollout_ids=rollout_ids, limit=limit)
@@ -150,30 +168,44 @@ async def check_store(
         elif not trace.selected:
             check.problems.append(_no_match_line(selector, check.agents_seen, trace.calls))
         ok_calls = 0
+        lengths: list[tuple[int, int]] = []  # (prompt, response) token counts of the calls training would use
+        retokenized: list[Retokenized] = []
         for call in trace.selected:
-            if not call.has_token_ids:
+            if call.has_token_ids:
+                check.calls_with_token_ids += 1
+                lengths.append((len(call.prompt_token_ids), len(call.response_token_ids)))
+            elif retokenizer is not None and retokenize != "off":
+                result = retokenizer(call)
+                retokenized.append(result)
+                if not trains(result, retokenize):
+                    continue
+                check.calls_retokenized += 1
+                lengths.append((len(result.prompt_token_ids), len(result.response_token_ids)))
+            else:
                 continue
-            check.calls_with_token_ids += 1
+            prompt_len, response_len = lengths[-1]
             too_long = False
-            if max_prompt_tokens is not None and len(call.prompt_token_ids) > max_prompt_tokens:
+            if max_prompt_tokens is not None and prompt_len > max_prompt_tokens:
                 check.long_prompts += 1
                 too_long = True
-            if max_response_tokens is not None and len(call.response_token_ids) > max_response_tokens:
+            if max_response_tokens is not None and response_len > max_response_tokens:
                 check.long_responses += 1
                 too_long = True
             ok_calls += not too_long
         missing_ids = check.calls_selected - check.calls_with_token_ids
-        if missing_ids:
-            check.problems.append(_token_ids_line(missing_ids, check.calls_selected, trace.calls))
+        if missing_ids and retokenizer is None:
+            check.problems.append(_token_ids_line(missing_ids, check.calls_selected, trace.calls) + HINT_RETOKENIZE)
+        elif retokenized:
+            check.problems.extend(_retokenize_lines(check, retokenized, retokenize))
         if check.long_prompts:
-            longest = max(len(c.prompt_token_ids) for c in trace.selected)
+            longest = max(p for p, _ in lengths)
             check.problems.append(
                 f"{_count(check.long_prompts, 'prompt')} over max_prompt_tokens={max_prompt_tokens} "
                 f"(longest {longest}): raise the limit or shorten the agent's context "
                 "(fewer turns, truncated tool results)"
             )
         if check.long_responses:
-            longest = max(len(c.response_token_ids) for c in trace.selected)
+            longest = max(r for _, r in lengths)
             check.problems.append(
                 f"{_count(check.long_responses, 'response')} over max_response_tokens={max_response_tokens} "
                 f"(longest {longest}): raise the limit or lower max_tokens in the LLM resource's sampling"
@@ -200,6 +232,32 @@ def _flagged_foreign(spans: Iterable[Span]) -> str | None:
         "unmapped, they train nothing: enable the instrumentation's message capture, or route "
         "the model through the proxy (llm.base_url) to record the calls with token ids"
     )
+
+
+def _retokenize_lines(check: RolloutCheck, results: Sequence[Retokenized], mode: RetokenizeMode) -> list[str]:
+    """What re-tokenising the calls without token ids found: drift, calls without usage, calls it cannot render."""
+    lines: list[str] = []
+    drifting = [r for r in results if r.verdict == "drift"]
+    unverified = [r for r in results if r.verdict == "unverified"]
+    failed = [r for r in results if r.verdict == "failed"]
+    check.calls_drifting, check.calls_unverified = len(drifting), len(unverified)
+    fate = "trained anyway (retokenize='all')" if mode == "all" else "skipped"
+    if drifting:
+        lines.append(
+            f"re-tokenisation drift in {_count(len(drifting), 'call')} without token ids ({drifting[0].lengths()}): "
+            f"{fate}; {FIX_DRIFT}"
+        )
+    if unverified:
+        lines.append(
+            f"no recorded usage for {_count(len(unverified), 're-tokenised call')} (gen_ai.usage.input_tokens/"
+            f"output_tokens), so drift cannot be ruled out: {fate}; {FIX_DRIFT}"
+        )
+    if failed:
+        lines.append(
+            f"{_count(len(failed), 'call')} without token ids cannot be re-tokenised ({failed[0].error or 'no ids'}): "
+            f"{FIX_NO_TOKEN_IDS}"
+        )
+    return lines
 
 
 def _no_match_line(selector: AgentSelector, agents_seen: list[str], calls: Sequence[LLMCall]) -> str:

@@ -17,6 +17,7 @@ from agentlightning.adapter.credit import (
     find_reward_events,
     resolve_credit_strategy,
 )
+from agentlightning.adapter.retokenize import RetokenizeCounts, RetokenizeMode, Retokenizer
 from agentlightning.adapter.selection import AgentSelector, AgentSpec
 from agentlightning.adapter.tree import CallTree, build_call_tree
 from agentlightning.types import Rollout, Span, Transition
@@ -48,7 +49,9 @@ class TraceAdapter:
     observation tokens masked out (``response_mask`` 0). ``order``: how calls and rewards are ordered (see
     :data:`~agentlightning.adapter.calls.EventOrder`). ``default_reward``: the reward of an attempt that recorded
     none (e.g. ``0.0`` to train on timeouts as failures); None drops such attempts (logged). ``include_messages``:
-    parse the calls' chat messages into the rows (text algorithms need them; RL does not).
+    parse the calls' chat messages into the rows (text algorithms need them; RL does not). ``retokenizer``: gives
+    calls recorded without token ids re-tokenised ids (see :mod:`agentlightning.adapter.retokenize`), used as
+    ``retokenize`` says; :attr:`retokenize_counts` counts them until :meth:`take_retokenize_counts`.
     """
 
     def __init__(
@@ -61,6 +64,8 @@ class TraceAdapter:
         order: EventOrder = "time",
         default_reward: float | None = None,
         include_messages: bool = True,
+        retokenizer: Retokenizer | None = None,
+        retokenize: RetokenizeMode = "matching",
     ) -> None:
         """Configure the adapter; a bad ``credit`` name or ``gamma`` fails here, before any rollout is read."""
         if not 0.0 <= gamma <= 1.0:
@@ -75,6 +80,14 @@ class TraceAdapter:
         self.order: EventOrder = order
         self.default_reward = default_reward
         self.include_messages = include_messages
+        self.retokenizer = retokenizer
+        self.retokenize: RetokenizeMode = retokenize
+        self.retokenize_counts = RetokenizeCounts()
+
+    def take_retokenize_counts(self) -> RetokenizeCounts:
+        """The re-tokenisation counts since the last call (one training step's), and start counting afresh."""
+        counts, self.retokenize_counts = self.retokenize_counts, RetokenizeCounts()
+        return counts
 
     def trace(self, spans: Sequence[Span], *, final_reward: float | None = None) -> AttemptTrace:
         """Tree, calls, selected calls and rewards of the latest attempt among ``spans``."""
@@ -125,6 +138,11 @@ class TraceAdapter:
             if system:
                 prompt_messages = system + (prompt_messages or [])
             response_messages = _messages(call.output_messages, role="assistant")
+        prompt_ids, response_ids = call.prompt_token_ids, call.response_token_ids
+        if self.retokenizer is not None and self.retokenize != "off" and not call.has_token_ids:
+            result = self.retokenizer(call)
+            if self.retokenize_counts.add(result, self.retokenize):
+                prompt_ids, response_ids = result.prompt_token_ids, result.response_token_ids
         # Plain construction: every value already has its field's type; validation would triple the adapter's cost.
         return new_transition(
             {
@@ -134,8 +152,8 @@ class TraceAdapter:
                 "agent_name": call.agent_name,
                 "turn_index": call.turn_index,
                 "span_id": call.span_id,
-                "prompt_token_ids": call.prompt_token_ids,
-                "response_token_ids": call.response_token_ids,
+                "prompt_token_ids": prompt_ids,
+                "response_token_ids": response_ids,
                 "response_logprobs": call.response_logprobs,
                 "reward": reward,
                 "advantage": None,
@@ -214,6 +232,25 @@ def aggregate_trajectories(transitions: Sequence[Transition]) -> list[Transition
         if not full:
             current = None  # a row without token ids cannot be extended
     return result
+
+
+def call_messages(call: LLMCall) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, dict[str, Any] | None]:
+    """(prompt messages with the system instructions first, tool definitions, the reply message) of a recorded call,
+    in the OpenAI chat shape a request has; empty/None for what was not recorded."""
+    prompt = _messages(call.input_messages) or []
+    system = _messages(call.system_instructions, role="system")
+    if system:
+        prompt = system + prompt
+    tools: list[dict[str, Any]] | None = None
+    if call.tool_definitions:
+        try:
+            value: object = json.loads(call.tool_definitions)
+        except ValueError:
+            value = None
+        if isinstance(value, list):
+            tools = [cast(dict[str, Any], t) for t in cast(list[object], value) if isinstance(t, dict)]
+    replies = _messages(call.output_messages, role="assistant") or []
+    return prompt, tools, replies[0] if replies else None
 
 
 def _latest_attempt(spans: Sequence[Span]) -> tuple[str | None, Sequence[Span]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -129,12 +129,39 @@ def check_command(
     store: StoreOption = "runs/store.db",
     agent: Annotated[list[str] | None, typer.Option(help="Train only calls of these agents (repeatable).")] = None,
     token: TokenOption = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(
+            metavar="SPEC",
+            help="Re-tokenise calls recorded without token ids with this model's tokenizer and chat template "
+            "(agentlightning-trainer; 'smollm2', a local HF model folder, or a PolicySpec .json file) and report "
+            "drift against their recorded usage, as LightningRL would.",
+        ),
+    ] = None,
 ) -> None:
     """Check that a store's rollouts are trainable (calls, token ids, rewards); exit 1 if nothing is."""
     from agentlightning.adapter import check_store
 
     console = make_console()
-    report = with_store(store, token, lambda s: check_store(s, agents=agent or None))
+    retokenizer = _retokenizer(policy) if policy is not None else None
+    report = with_store(store, token, lambda s: check_store(s, agents=agent or None, retokenizer=retokenizer))
     report.render(console)
     if not report.trainable:
         raise typer.Exit(1)
+
+
+def _retokenizer(spec: str) -> Any:
+    """The trainer's retokenizer for ``agl check --policy SPEC`` (its tokenizer only; no model is loaded)."""
+    try:
+        from agentlightning_trainer.dev_policy import policy_spec_from
+        from agentlightning_trainer.retokenize import retokenizer_for_spec
+    except ImportError as exc:
+        raise typer.BadParameter(
+            f"--policy re-tokenises with agentlightning-trainer, which is not installed ({exc}); "
+            'pip install "agent-lightning[trainer]"',
+            param_hint="--policy",
+        ) from exc
+    try:
+        return retokenizer_for_spec(policy_spec_from(spec))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policy") from exc

@@ -92,7 +92,8 @@ async def test_check_reports_each_broken_rollout_with_its_fix() -> None:
     ]
     assert by_id[ids.rollout_id].problems == [
         "no token ids: route the agent's LLM calls through the proxy (LLM.base_url_for) or use an upstream that "
-        "returns token ids"
+        "returns token ids; or re-tokenise them with the trained model's tokenizer: agl check --policy SPEC says "
+        "whether that drifts"
     ]
     assert by_id[reward.rollout_id].problems == [
         "no reward: return a float from the rollout function or call emit_reward(...)"
