@@ -88,6 +88,7 @@ class LightningRL(ServedPolicyAlgorithm):
             credit=self.config.credit,
             gamma=self.config.credit_gamma,
             include_messages=False,
+            retokenize=self.config.retokenize,
         )
         super().__init__(
             run_dir=run_dir, show_progress=show_progress, console=console, n_server_threads=n_server_threads
@@ -106,6 +107,10 @@ class LightningRL(ServedPolicyAlgorithm):
         run_dir, policy = self._begin_run(train_tasks, cfg.policy, seed=cfg.seed, init_weights=cfg.init_weights)
         assert train_tasks  # checked by _begin_run; narrowed for the type checker
         learner = TorchLearner(policy, cfg)
+        if cfg.retokenize != "off":  # calls recorded without token ids are rendered as this policy's server would
+            from agentlightning_trainer.retokenize import ChatRetokenizer
+
+            self.adapter.retokenizer = ChatRetokenizer.for_policy(policy)
         rng = random.Random(cfg.seed)
         start_step, ema = 0, 0.0
         if cfg.checkpoint_dir is not None and cfg.resume:
@@ -204,6 +209,9 @@ class LightningRL(ServedPolicyAlgorithm):
                     if step == start_step + 1:
                         _check_agents_called(cfg.policy.adapters, batch.transitions)
                     extra = await update(batch.transitions)
+                retokenized = self.adapter.take_retokenize_counts()  # calls without token ids, since the last step
+                if retokenized.retokenized or retokenized.failed:
+                    extra = {**extra, **retokenized.metrics()}
                 record = StepMetrics(
                     step=step,
                     reward_mean=reward_mean,
@@ -262,6 +270,8 @@ class LightningRL(ServedPolicyAlgorithm):
             agents=self.config.agents,
             rollout_ids=batch.rollout_ids,
             max_prompt_tokens=self.config.max_prompt_tokens,
+            retokenizer=self.adapter.retokenizer,
+            retokenize=self.config.retokenize,
         )
         problems = sorted(set(p.split(": ", 1)[-1] for p in report.problems))
         return f"no trainable transitions ({report.summary()}): " + ("; ".join(problems[:3]) or "no problem reported")
