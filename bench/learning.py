@@ -8,6 +8,11 @@ its args follow). Two loops, median of 3 seeds each:
 * full HTTP — runners execute the unmodified OpenAI-SDK agent, which calls the LLM proxy, which forwards to the
   policy server process and records spans with token ids into a SQLite store; LightningRL adapts, updates and
   hot-swaps the weights (the ``make train`` path). Target: <= 3 minutes on this machine.
+
+``--async`` compares instead LightningRL's ``mode="sync"`` and ``mode="async"`` (issue 28) through the full HTTP
+loop, 3 seeds each in one run, with the agent's tool taking 0.5 s (a simulated slow tool: the agent sleeps after the
+model's answer, before scoring) and with no latency. Goal: async >= 1.5x faster with the slow tool, no slower without,
+the same final reward.
 """
 
 from __future__ import annotations
@@ -23,12 +28,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
+from agentlightning.agent import rollout
 from agentlightning.trainer import Trainer
+from agentlightning.types import LLM
 from agentlightning_trainer import tool_choice
 from agentlightning_trainer.config import LightningRLConfig, PolicySpec
 from agentlightning_trainer.inprocess import train_in_process
@@ -38,6 +46,16 @@ from agentlightning_trainer.quickstart.agent import tool_choice_agent
 
 THRESHOLD = 0.8
 TARGET_HTTP_S = 180.0
+SLOW_TOOL_S = 0.5
+ASYNC_RUNNERS = 192  # one runner per rollout of a step: a sleeping tool costs a thread, not a core
+
+
+@rollout
+def slow_tool_agent(task: dict[str, Any], llm: LLM) -> float:
+    """The quickstart agent, whose chosen tool then takes SLOW_TOOL_S to answer before the reward is known."""
+    reward = float(tool_choice_agent(task, llm))  # a @rollout function called directly is the plain function
+    time.sleep(SLOW_TOOL_S)  # the tool call: the runner waits, the CPU does not
+    return reward
 
 
 def _config(seed: int, max_steps: int, **overrides: object) -> LightningRLConfig:
@@ -111,6 +129,75 @@ def full_http(seed: int, max_steps: int, epochs: int) -> Run:
     return _run(meter, algorithm.history, reached)
 
 
+@dataclass
+class ModeRun:
+    """One sync-or-async HTTP run: wall time to the threshold, steps, the last steps' reward and idle shares."""
+
+    seconds: float
+    steps: int | None
+    final_reward: float  # mean train reward of the last 5 steps
+    dropped: int  # stale groups dropped
+    runner_idle: float  # mean runner idle share per step
+    learner_idle: float  # mean learner idle share per step
+    load: tuple[float, float]
+
+
+def http_mode(seed: int, max_steps: int, epochs: int, mode: str, slow_tool: bool, max_staleness: int) -> ModeRun:
+    """Seconds to reward EMA 0.8 through the full HTTP loop in ``mode``, with or without the slow tool."""
+    agent = slow_tool_agent if slow_tool else tool_choice_agent
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
+        config = _config(seed, max_steps, epochs=epochs, mode=mode, max_staleness=max_staleness)
+        algorithm = LightningRL(config, run_dir=Path(tmp), show_progress=False)
+        with _Meter() as meter:
+            Trainer(algorithm, store=Path(tmp) / "store.db", n_runners=ASYNC_RUNNERS).fit(agent, tool_choice.tasks())
+    history = algorithm.history
+    reached = next((m.step for m in history if m.reward_ema >= THRESHOLD), None)
+    last = history[-5:]
+    n = max(1, len(history))
+    return ModeRun(
+        seconds=meter.seconds,
+        steps=reached,
+        final_reward=sum(m.reward_mean for m in last) / max(1, len(last)),
+        dropped=sum(m.stale_groups_dropped for m in history),
+        runner_idle=sum(m.runner_idle_frac or 0.0 for m in history) / n,
+        learner_idle=sum(m.learner_idle_frac or 0.0 for m in history) / n,
+        load=meter.load,
+    )
+
+
+def compare_modes(seeds: list[int], max_steps: int, epochs: int, max_staleness: int, console: Console) -> None:
+    """Sync vs async, with and without the slow tool, every seed; prints a table and the speed-ups."""
+    table = Table(title=f"sync vs async LightningRL: wall s to train reward EMA >= {THRESHOLD} (tool choice, HTTP)")
+    for column in ("tool", "mode", "seed", "steps", "wall s", "final reward", "stale dropped", "runner idle",
+                   "learner idle", "load"):  # fmt: skip
+        table.add_column(column)
+    medians: dict[tuple[bool, str], float] = {}
+    for slow in (True, False):
+        for mode in ("sync", "async"):
+            times: list[float] = []
+            for seed in seeds:
+                r = http_mode(seed, max_steps, epochs, mode, slow, max_staleness)
+                tool = f"{SLOW_TOOL_S} s" if slow else "none"
+                console.print(
+                    f"tool {tool}, {mode}, seed {seed}: {r.steps} steps, {r.seconds:.1f} s, final reward "
+                    f"{r.final_reward:.2f}, runner idle {r.runner_idle:.0%}, learner idle {r.learner_idle:.0%}"
+                )
+                table.add_row(
+                    tool, mode, str(seed), str(r.steps), f"{r.seconds:.1f}", f"{r.final_reward:.2f}", str(r.dropped),
+                    f"{r.runner_idle:.0%}", f"{r.learner_idle:.0%}", f"{r.load[0]:.1f}-{r.load[1]:.1f}",
+                )  # fmt: skip
+                times.append(r.seconds if r.steps is not None else float("inf"))
+            medians[(slow, mode)] = statistics.median(times)
+            table.add_row(f"{SLOW_TOOL_S} s" if slow else "none", f"[bold]{mode}", "median", "",
+                          f"[bold]{medians[(slow, mode)]:.1f}", "", "", "", "", "")  # fmt: skip
+    console.print(table)
+    for slow, goal in ((True, 1.5), (False, 1.0)):
+        speedup = medians[(slow, "sync")] / medians[(slow, "async")]
+        label = f"tool {SLOW_TOOL_S} s" if slow else "no tool latency"
+        verdict = "met" if speedup >= goal else "NOT met"
+        console.print(f"{label}: async is {speedup:.2f}x sync (median wall time); goal >= {goal}x: {verdict}")
+
+
 def _run(meter: _Meter, history: list[StepMetrics], reached: int | None) -> Run:
     n = max(1, len(history))
     return Run(
@@ -137,11 +224,16 @@ def main() -> None:
     parser.add_argument("--http-epochs", type=int, default=3, help="epochs per step of the HTTP loop (quickstart: 3)")
     parser.add_argument("--skip-http", action="store_true")
     parser.add_argument("--skip-in-process", action="store_true")
+    parser.add_argument("--async", dest="compare_async", action="store_true", help="sync vs async LightningRL")
+    parser.add_argument("--max-staleness", type=int, default=1, help="max_staleness of the async runs")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     console = Console()
     seeds = [0] if args.quick else [0, 1, 2]
+    if args.compare_async:
+        compare_modes(seeds, args.max_steps, args.http_epochs, args.max_staleness, console)
+        return
     loops: dict[str, Callable[[int], Run]] = {}
     if not args.skip_in_process:
         loops["in-process, 1 epoch"] = lambda s: in_process(s, args.max_steps)

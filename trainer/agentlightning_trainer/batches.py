@@ -107,9 +107,12 @@ async def run_batch(
     repeat: int = 1,
     group_prefix: str,
     timeout_s: float,
+    config: RolloutConfig | None = None,
 ) -> list[Rollout]:
-    """Enqueue every task ``repeat`` times (one group per task) with one snapshot, wait; unfinished are cancelled."""
-    config = RolloutConfig(timeout_s=timeout_s)
+    """Enqueue every task ``repeat`` times (one group per task) with one snapshot, wait; unfinished are cancelled.
+
+    ``config`` sets each rollout's limits and retries (default: ``timeout_s`` per attempt, one attempt)."""
+    config = config or RolloutConfig(timeout_s=timeout_s)
     requests: list[RolloutRequest] = []
     for index, task in enumerate(tasks):
         group = f"{group_prefix}-t{index}-{uuid.uuid4().hex[:8]}"
@@ -121,7 +124,8 @@ async def run_batch(
         return []
     enqueued = await store.enqueue_rollouts(requests)
     ids = [r.rollout_id for r in enqueued]
-    done = {r.rollout_id for r in await store.wait_for_rollouts(ids, timeout_s=timeout_s + 30)}
+    wait_s = (config.timeout_s or timeout_s) * config.max_attempts + 30  # every attempt may use its whole limit
+    done = {r.rollout_id for r in await store.wait_for_rollouts(ids, timeout_s=wait_s)}
     for rollout_id in ids:
         if rollout_id not in done:
             logger.warning(
@@ -144,12 +148,13 @@ async def run_policy_batch(
     repeat: int,
     group_prefix: str,
     timeout_s: float,
+    config: RolloutConfig | None = None,
 ) -> list[Rollout]:
     """Publish the policy's ``llm`` (see :func:`publish_llm`), run the batch, and flush the calls it recorded."""
     snapshot = await publish_llm(store, llm)
     rollouts = await run_batch(
         store, tasks, mode=mode, resources_id=snapshot.resources_id, repeat=repeat, group_prefix=group_prefix,
-        timeout_s=timeout_s,
+        timeout_s=timeout_s, config=config,
     )  # fmt: skip
     await proxy.flush()
     return rollouts

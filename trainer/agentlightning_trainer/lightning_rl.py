@@ -4,7 +4,8 @@ Each step: publish resources (an ``LLM`` pointing at the LLM proxy, with the wei
 resources of the latest snapshot) → enqueue every task ``samples_per_task`` times with one group id → wait → read
 spans → :class:`~agentlightning.adapter.TraceAdapter` (agent selection + credit assignment) → GRPO advantages or PPO
 → update → publish new weights (version bump) to the policy server. Validation runs greedily (temperature 0) on the
-held-out tasks every ``val_every`` steps.
+held-out tasks every ``val_every`` steps. With ``mode="async"`` the rollouts of later steps keep running while the
+learner updates, within a staleness bound (:mod:`agentlightning_trainer.async_rollouts`).
 """
 
 from __future__ import annotations
@@ -21,19 +22,21 @@ from rich.console import Console
 
 from agentlightning.proxy.server import start_proxy
 from agentlightning.store.base import LightningStore
-from agentlightning.types import Rollout, RolloutMode, Transition
+from agentlightning.types import Rollout, RolloutConfig, RolloutMode, Transition
+from agentlightning_trainer.async_rollouts import RolloutPipeline, group_staleness
 from agentlightning_trainer.batches import (
     ProxyEndpoint,
     StepBatch,
     collect_batch,
     mean_reward,
     policy_llm,
+    publish_llm,
     read_outcomes,
     run_policy_batch,
 )
 from agentlightning_trainer.config import LightningRLConfig, PolicySpec
 from agentlightning_trainer.inprocess import as_rng_state, pick_tasks, with_advantages
-from agentlightning_trainer.metrics import MetricsLogger, StepMetrics, group_summary
+from agentlightning_trainer.metrics import MetricsLogger, RunnerUtilisation, StepMetrics, group_summary
 from agentlightning_trainer.served_policy import CoHostedProxy, ServedPolicyAlgorithm, store_file
 from agentlightning_trainer.torch_backend.learner import TorchLearner
 
@@ -172,73 +175,163 @@ class LightningRL(ServedPolicyAlgorithm):
         """The step loop both backends share: rollouts → transitions → ``update`` → metrics, validation, stop."""
         cfg = self.config
         metrics = MetricsLogger(cfg.steps, log_dir=cfg.log_dir, show_progress=self.show_progress, console=self.console)
+        utilisation = RunnerUtilisation()
+        pipeline: RolloutPipeline | None = None
         with metrics:
             if val_tasks and start_step == 0:
                 before = await self._validate(store, val_tasks, proxy)
                 self.val_history.append((0, before))
                 metrics.log_validation(0, before)
             started = time.perf_counter()
-            skipped_in_a_row = 0  # steps whose batch had no trainable transition, since the last update
-            for step in range(start_step + 1, cfg.steps + 1):
-                t0 = time.perf_counter()
+            if cfg.mode == "async":
+                pipeline = await self._start_pipeline(store, train_tasks, proxy, rng)
+            try:
+                await self._step_loop(
+                    store, train_tasks, val_tasks, proxy, update, metrics, utilisation, pipeline,
+                    rng=rng, start_step=start_step, ema=ema, started=started, on_step_end=on_step_end,
+                )  # fmt: skip
+            finally:
+                if pipeline is not None:
+                    cancelled = await pipeline.close(cfg.rollout_timeout_s)
+                    if cancelled:
+                        logger.info("async: %d queued rollouts cancelled at the end of training", len(cancelled))
+
+    async def _start_pipeline(
+        self, store: LightningStore, train_tasks: Sequence[Any], proxy: ProxyEndpoint, rng: random.Random
+    ) -> RolloutPipeline:
+        """Publish the training LLM and start keeping task groups in flight (``mode="async"``)."""
+        cfg = self.config
+        pipeline = RolloutPipeline(
+            store, train_tasks, rng, adapter=self.adapter, proxy=proxy, tasks_per_step=cfg.tasks_per_step,
+            samples_per_task=cfg.samples_per_task, max_staleness=cfg.max_staleness,
+            rollout_config=self._rollout_config(), max_prompt_tokens=cfg.max_prompt_tokens,
+            resources_id=await self._publish_train_llm(store, proxy), version=self.version,
+        )  # fmt: skip
+        await pipeline.start()
+        return pipeline
+
+    async def _publish_train_llm(self, store: LightningStore, proxy: ProxyEndpoint) -> str:
+        """Publish the training rollouts' LLM at the current version; returns the snapshot id."""
+        cfg = self.config
+        llm = policy_llm(
+            proxy.url, cfg.policy.model_name, self.version, cfg.temperature, cfg.max_response_tokens,
+            cfg.policy.adapters,
+        )  # fmt: skip
+        return (await publish_llm(store, llm)).resources_id
+
+    def _rollout_config(self) -> RolloutConfig:
+        """Limits and retries of one training rollout."""
+        cfg = self.config
+        return RolloutConfig(
+            timeout_s=cfg.rollout_timeout_s,
+            heartbeat_timeout_s=cfg.rollout_heartbeat_timeout_s,
+            max_attempts=cfg.rollout_max_attempts,
+        )
+
+    async def _step_loop(
+        self,
+        store: LightningStore,
+        train_tasks: Sequence[Any],
+        val_tasks: Sequence[Any] | None,
+        proxy: ProxyEndpoint,
+        update: UpdateFn,
+        metrics: MetricsLogger,
+        utilisation: RunnerUtilisation,
+        pipeline: RolloutPipeline | None,
+        *,
+        rng: random.Random,
+        start_step: int,
+        ema: float,
+        started: float,
+        on_step_end: StepEndFn | None,
+    ) -> None:
+        """The steps of :meth:`_train_steps`: rollouts (this step's, or the pipeline's finished groups) → update."""
+        cfg = self.config
+        skipped_in_a_row = 0  # steps whose batch had no trainable transition, since the last update
+        for step in range(start_step + 1, cfg.steps + 1):
+            t0, t0_ns = time.perf_counter(), time.time_ns()
+            stale_groups = stale_rollouts = 0
+            if pipeline is None:
                 chosen = pick_tasks(rng, train_tasks, cfg.tasks_per_step)
                 rollouts = await self._run_rollouts(store, chosen, "train", proxy, step)
+                wait_s = time.perf_counter() - t0
                 batch = await collect_batch(store, rollouts, self.adapter, max_prompt_tokens=cfg.max_prompt_tokens)
-                rollout_s = time.perf_counter() - t0
-                reward_mean, all_same = group_summary(batch.rewards_by_group)
-                ema = reward_mean if step == 1 else cfg.ema_decay * ema + (1 - cfg.ema_decay) * reward_mean
-                t1 = time.perf_counter()
-                extra: dict[str, float] = {}
-                lag = 0.0
-                skipped = not batch.transitions
-                if skipped:
-                    diagnosis = await self._diagnose(store, batch)
-                    metrics.warn(f"step {step}: skipped, {diagnosis}")
-                    skipped_in_a_row += 1
-                    if skipped_in_a_row >= cfg.max_skipped_steps:
-                        raise RuntimeError(
-                            f"{skipped_in_a_row} steps in a row had nothing to train on; stopping instead of "
-                            f"running the other {cfg.steps - step} steps. Last diagnosis: {diagnosis}. Run `agl check "
-                            "--store ...` on the store for every problem (max_skipped_steps sets this limit)."
-                        )
-                else:
-                    skipped_in_a_row = 0
-                    lag = sum(self.version - (t.policy_version or 0) for t in batch.transitions) / len(
-                        batch.transitions
+                staleness: dict[int, int] = {}
+                for lag in group_staleness(batch, self.version, self.version):
+                    staleness[lag] = staleness.get(lag, 0) + 1
+            else:
+                taken = await pipeline.next_batch(self.version)
+                batch, rollouts, staleness, wait_s = taken.batch, taken.rollouts, taken.staleness, taken.wait_s
+                stale_groups, stale_rollouts = taken.stale_groups_dropped, taken.stale_rollouts_dropped
+            rollout_s = time.perf_counter() - t0
+            reward_mean, all_same = group_summary(batch.rewards_by_group)
+            ema = reward_mean if step == 1 else cfg.ema_decay * ema + (1 - cfg.ema_decay) * reward_mean
+            t1 = time.perf_counter()
+            extra: dict[str, float] = {}
+            lag = 0.0
+            skipped = not batch.transitions
+            if skipped:
+                diagnosis = await self._diagnose(store, batch)
+                metrics.warn(f"step {step}: skipped, {diagnosis}")
+                skipped_in_a_row += 1
+                if skipped_in_a_row >= cfg.max_skipped_steps:
+                    raise RuntimeError(
+                        f"{skipped_in_a_row} steps in a row had nothing to train on; stopping instead of "
+                        f"running the other {cfg.steps - step} steps. Last diagnosis: {diagnosis}. Run `agl check "
+                        "--store ...` on the store for every problem (max_skipped_steps sets this limit)."
                     )
-                    if step == start_step + 1:
-                        _check_agents_called(cfg.policy.adapters, batch.transitions)
-                    extra = await update(batch.transitions)
-                retokenized = self.adapter.take_retokenize_counts()  # calls without token ids, since the last step
-                if retokenized.retokenized or retokenized.failed:
-                    extra = {**extra, **retokenized.metrics()}
-                record = StepMetrics(
-                    step=step,
-                    reward_mean=reward_mean,
-                    reward_ema=ema,
-                    all_same_frac=all_same,
-                    transitions=len(batch.transitions),
-                    rollouts=len(rollouts),
-                    failed_rollouts=batch.failed,
-                    policy_version=self.version,
-                    policy_lag=lag,
-                    rollout_s=rollout_s,
-                    update_s=time.perf_counter() - t1,
-                    skipped=skipped,
-                    wall_s=time.perf_counter() - started,
-                    extra=extra,
-                )
-                self.history.append(record)
-                metrics.log(record)
-                stop = cfg.stop_at_reward is not None and ema >= cfg.stop_at_reward
-                if val_tasks and (step % cfg.val_every == 0 or step == cfg.steps or stop):
-                    val = await self._validate(store, val_tasks, proxy)
-                    self.val_history.append((step, val))
-                    metrics.log_validation(step, val)
-                if on_step_end is not None:
-                    await on_step_end(step, ema, rng)
-                if stop:
-                    break
+            else:
+                skipped_in_a_row = 0
+                lag = sum(self.version - (t.policy_version or 0) for t in batch.transitions) / len(batch.transitions)
+                if step == start_step + 1:
+                    _check_agents_called(cfg.policy.adapters, batch.transitions)
+                extra = await update(batch.transitions)
+            utilisation.observe(rollouts)
+            if pipeline is not None:
+                # New weights: groups issued from now on say so in their resources (the served version is what
+                # each call records either way).
+                fresh = pipeline.version != self.version
+                resources_id = await self._publish_train_llm(store, proxy) if fresh else None
+                await pipeline.step_done(self.version, resources_id)
+                in_flight = pipeline.in_flight_ids
+                if in_flight:
+                    utilisation.observe(await store.query_rollouts(rollout_ids=in_flight))
+            step_s = time.perf_counter() - t0
+            retokenized = self.adapter.take_retokenize_counts()  # calls without token ids, since the last step
+            if retokenized.retokenized or retokenized.failed:
+                extra = {**extra, **retokenized.metrics()}
+            record = StepMetrics(
+                step=step,
+                reward_mean=reward_mean,
+                reward_ema=ema,
+                all_same_frac=all_same,
+                transitions=len(batch.transitions),
+                rollouts=len(rollouts),
+                failed_rollouts=batch.failed,
+                policy_version=self.version,
+                policy_lag=lag,
+                rollout_s=rollout_s,
+                update_s=time.perf_counter() - t1,
+                skipped=skipped,
+                wall_s=time.perf_counter() - started,
+                extra=extra,
+                staleness=staleness,
+                stale_groups_dropped=stale_groups,
+                stale_rollouts_dropped=stale_rollouts,
+                runner_idle_frac=utilisation.idle_fraction(t0_ns, time.time_ns()),
+                learner_idle_frac=wait_s / step_s if step_s > 0 else None,
+            )
+            self.history.append(record)
+            metrics.log(record)
+            stop = cfg.stop_at_reward is not None and ema >= cfg.stop_at_reward
+            if val_tasks and (step % cfg.val_every == 0 or step == cfg.steps or stop):
+                val = await self._validate(store, val_tasks, proxy)
+                self.val_history.append((step, val))
+                metrics.log_validation(step, val)
+            if on_step_end is not None:
+                await on_step_end(step, ema, rng)
+            if stop:
+                break
 
     async def _run_rollouts(
         self, store: LightningStore, tasks: Sequence[Any], mode: RolloutMode, proxy: ProxyEndpoint, step: int
@@ -252,6 +345,7 @@ class LightningRL(ServedPolicyAlgorithm):
         return await run_policy_batch(
             store, tasks, proxy, llm, mode=mode, repeat=cfg.samples_per_task if mode == "train" else 1,
             group_prefix=f"{mode}-s{step}", timeout_s=cfg.rollout_timeout_s,
+            config=self._rollout_config() if mode == "train" else None,
         )  # fmt: skip
 
     async def _validate(self, store: LightningStore, tasks: Sequence[Any], proxy: ProxyEndpoint) -> float:

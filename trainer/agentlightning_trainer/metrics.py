@@ -52,6 +52,18 @@ class StepMetrics:
     wall_s: float = 0.0
     val_reward: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
+    staleness: dict[int, int] = field(
+        default_factory=dict[int, int],
+        metadata={"help": "trained transitions by how many policy versions behind the learner their call was served"},
+    )
+    stale_groups_dropped: int = field(default=0, metadata={"help": "task groups dropped as older than max_staleness"})
+    stale_rollouts_dropped: int = field(default=0, metadata={"help": "rollouts in those groups"})
+    runner_idle_frac: float | None = field(
+        default=None, metadata={"help": "share of the runners' time in this step spent without a rollout"}
+    )
+    learner_idle_frac: float | None = field(
+        default=None, metadata={"help": "share of this step the learner spent waiting for rollouts"}
+    )
 
     @property
     def logprob_mismatch(self) -> float | None:
@@ -72,11 +84,62 @@ class StepMetrics:
             parts.append(f"entropy {self.entropy:.3g}")
         return ", ".join(parts)
 
+    def flow_summary(self) -> str:
+        """Staleness, drops and idle time of this step, as the console shows them, or ''."""
+        parts: list[str] = []
+        if self.staleness and set(self.staleness) != {0}:
+            parts.append("staleness " + " ".join(f"{k}:{v}" for k, v in sorted(self.staleness.items())))
+        if self.stale_groups_dropped:
+            parts.append(f"{self.stale_groups_dropped} stale group(s) dropped")
+        if self.runner_idle_frac is not None:
+            parts.append(f"runners idle {self.runner_idle_frac:.0%}")
+        if self.learner_idle_frac is not None:
+            parts.append(f"learner idle {self.learner_idle_frac:.0%}")
+        return ", ".join(parts)
+
     def scalars(self) -> dict[str, float]:
         """Flat name -> value for loggers."""
         out = {k: float(v) for k, v in asdict(self).items() if isinstance(v, int | float) and k != "step"}
         out.update({f"update/{k}": v for k, v in self.extra.items()})
+        out.update({f"staleness/{k}": float(v) for k, v in self.staleness.items()})
         return out
+
+
+class RunnerUtilisation:
+    """Estimates the runner fleet's idle share from rollouts' claim and end times (the algorithm does not see the
+    runners): the fleet size is taken as the most rollouts ever seen running at once."""
+
+    def __init__(self) -> None:
+        """Start with no rollout seen."""
+        self._spans: dict[str, tuple[int, int | None]] = {}
+        self.fleet = 0
+
+    def observe(self, rollouts: Sequence[Any]) -> None:
+        """Record the (start, end) times in ns of ``Rollout`` objects; later observations of one rollout win."""
+        for r in rollouts:
+            if r.start_time is not None:
+                self._spans[r.rollout_id] = (r.start_time, r.end_time)
+
+    def idle_fraction(self, t0_ns: int, t1_ns: int) -> float | None:
+        """Share of runner time in [t0, t1] with no rollout; rollouts without an end still run. Forgets rollouts
+        that ended before ``t0``."""
+        if t1_ns <= t0_ns:
+            return None
+        self._spans = {k: v for k, v in self._spans.items() if v[1] is None or v[1] > t0_ns}
+        events: list[tuple[int, int]] = []
+        busy = 0
+        for start, end in self._spans.values():
+            stop = t1_ns if end is None else min(end, t1_ns)
+            if stop > max(start, t0_ns):
+                busy += stop - max(start, t0_ns)
+            events += [(start, 1), (end if end is not None else t1_ns, -1)]
+        running = 0
+        for _, delta in sorted(events, key=lambda e: (e[0], e[1])):
+            running += delta
+            self.fleet = max(self.fleet, running)
+        if self.fleet == 0:
+            return None
+        return max(0.0, 1.0 - busy / (self.fleet * (t1_ns - t0_ns)))
 
 
 def group_summary(rewards_by_group: Mapping[str, Sequence[float]]) -> tuple[float, float]:
@@ -159,6 +222,11 @@ class MetricsLogger:
         if self._writer is not None:
             for name, value in scalars.items():
                 self._writer.add_scalar(name, value, metrics.step)
+            if metrics.staleness:
+                import numpy as np
+
+                lags = np.repeat(list(metrics.staleness), list(metrics.staleness.values()))
+                self._writer.add_histogram("staleness", lags, metrics.step, bins="auto")
             self._writer.flush()
         if self._mlflow is not None:
             self._mlflow.log_metrics({k.replace("/", "."): v for k, v in scalars.items()}, step=metrics.step)
@@ -167,7 +235,7 @@ class MetricsLogger:
         if self._progress is not None and not self.console.is_terminal:
             # A log file or CI gets no live bar (rich draws it only at the end there): one line per step instead.
             val = self._last_val()
-            summary = metrics.update_summary()
+            summary = ", ".join(p for p in (metrics.update_summary(), metrics.flow_summary()) if p)
             self.console.print(
                 f"step {metrics.step}/{self._progress.tasks[0].total:.0f}: reward {metrics.reward_mean:.2f} "
                 f"(ema {metrics.reward_ema:.2f}), val {'-' if val is None else f'{val:.2f}'}, "
