@@ -253,6 +253,7 @@ def _choice_from_event(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     calls = inner.get("tool_calls")
     if calls is not None:
         message["tool_calls"] = [_event_tool_call(call) for call in cast(list[Any], calls)]
+        message["content"] = message["content"] or None  # a streamed tool call's "" reads as the non-streamed None
     reason = body.get("finish_reason")
     if isinstance(reason, str) and reason:
         message["finish_reason"] = _FINISH_REASONS.get(reason, reason)
@@ -332,7 +333,10 @@ def _oi_message(fields: dict[str, AttributeValue]) -> dict[str, Any]:
     if "message.content" in fields:
         message["content"] = fields["message.content"]
     elif contents:
-        message["content"] = [_oi_content(part) for part in contents]
+        parts = [_oi_content(part) for part in contents]
+        # All-text contents (the Responses API's output_text parts) read as one string, as OpenAI's output_text does.
+        texts = [part["text"] for part in parts if part["type"] == "text"]
+        message["content"] = "".join(map(str, texts)) if len(texts) == len(parts) else parts
     calls = _indexed(fields, "message.tool_calls.")
     if calls:
         message["tool_calls"] = [
@@ -461,7 +465,9 @@ def _chat_from_parts(message: dict[str, Any]) -> list[dict[str, Any]]:
         for p in responses
     ]
     if texts or calls or not responses:
-        chat: dict[str, Any] = {"role": role, "content": "\n".join(texts) if texts else None}
+        # A streamed tool call carries an empty text part; the non-streamed one has no content: both read as None.
+        content = "\n".join(texts) if texts and (any(texts) or not calls) else None
+        chat: dict[str, Any] = {"role": role, "content": content}
         if calls:
             chat["tool_calls"] = calls
         if isinstance(message.get("finish_reason"), str):

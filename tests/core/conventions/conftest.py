@@ -8,6 +8,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletion
 from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk._logs import LoggerProvider
@@ -51,8 +52,11 @@ def server(store: InMemoryLightningStore) -> Iterator[StoreServer]:
 @pytest.fixture
 def client() -> Iterator[openai.OpenAI]:
     """An OpenAI client talking to the fake upstream, which calls the offered tool once and then answers in text."""
-    with FakeOpenAI(reply=call_offered_tools).serve() as upstream:
-        yield openai.OpenAI(base_url=f"{upstream.url.rstrip('/')}/v1", api_key="fake", max_retries=0)
+    with (
+        FakeOpenAI(reply=call_offered_tools).serve() as upstream,
+        openai.OpenAI(base_url=f"{upstream.url.rstrip('/')}/v1", api_key="fake", max_retries=0) as client,
+    ):
+        yield client
 
 
 async def new_attempt(store: InMemoryLightningStore) -> tuple[str, str]:
@@ -83,15 +87,72 @@ def log_exporter(server: StoreServer, rollout_id: str, attempt_id: str) -> OTLPL
     )
 
 
-def weather_turns(client: openai.OpenAI, run_tool: Callable[[str], str]) -> list[Any]:
-    """Two chat calls: the model calls ``get_weather``, the tool answers, the model replies; returns both responses."""
+def weather_turns(client: openai.OpenAI, run_tool: Callable[[str], str], *, stream: bool = False) -> list[Any]:
+    """Two chat calls: the model calls ``get_weather``, the tool answers, the model replies; returns both responses
+    (streamed calls collected into the ChatCompletion the client saw)."""
     messages: list[Any] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "weather in Paris?"}]
-    first: Any = client.chat.completions.create(model="fake-model", messages=messages, tools=TOOLS, temperature=0.5)
+    first = _chat(client, stream, messages=messages, tools=TOOLS, temperature=0.5)
     call = first.choices[0].message.tool_calls[0]
     messages.append(first.choices[0].message.model_dump(exclude_none=True))
     messages.append({"role": "tool", "tool_call_id": call.id, "content": run_tool(call.function.arguments)})
-    second = client.chat.completions.create(model="fake-model", messages=messages, tools=TOOLS)
+    second = _chat(client, stream, messages=messages, tools=TOOLS)
     return [first, second]
+
+
+def _chat(client: openai.OpenAI, stream: bool, **request: Any) -> Any:
+    if not stream:
+        return client.chat.completions.create(model="fake-model", **request)
+    chunks = client.chat.completions.create(
+        model="fake-model", stream=True, stream_options={"include_usage": True}, **request
+    )
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    reply: dict[str, Any] = {"object": "chat.completion", "created": 0}
+    finish_reason = None
+    for chunk in chunks:
+        reply.update(id=chunk.id, model=chunk.model, usage=chunk.usage.model_dump() if chunk.usage else None)
+        for choice in chunk.choices:
+            finish_reason = choice.finish_reason or finish_reason
+            text.append(choice.delta.content or "")
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"type": "function", "function": {"name": "", "arguments": ""}})
+                call["id"] = delta.id or call.get("id")
+                if delta.function is not None:
+                    call["function"]["name"] += delta.function.name or ""
+                    call["function"]["arguments"] += delta.function.arguments or ""
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+    if calls:
+        message["tool_calls"] = [calls[index] for index in sorted(calls)]
+    reply["choices"] = [{"index": 0, "message": message, "finish_reason": finish_reason}]
+    return ChatCompletion.model_validate(reply)
+
+
+RESPONSES_TOOLS: Any = [{"type": "function", **TOOLS[0]["function"]}]
+"""``TOOLS`` in the Responses API's flat shape."""
+
+
+def responses_weather_turns(
+    client: openai.OpenAI, run_tool: Callable[[str], str], *, stream: bool = False
+) -> list[Any]:
+    """The weather turns on the Responses API (a function call, then its output); returns both Response objects."""
+    items: list[Any] = [{"role": "user", "content": "weather in Paris?"}]
+    first = _respond(client, stream, instructions="be brief", input=items, tools=RESPONSES_TOOLS)
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    items.append(call.model_dump(exclude_none=True))
+    items.append({"type": "function_call_output", "call_id": call.call_id, "output": run_tool(call.arguments)})
+    second = _respond(client, stream, instructions="be brief", input=items, tools=RESPONSES_TOOLS)
+    return [first, second]
+
+
+def _respond(client: openai.OpenAI, stream: bool, **request: Any) -> Any:
+    if not stream:
+        return client.responses.create(model="fake-model", **request)
+    final = None
+    for event in client.responses.create(model="fake-model", stream=True, **request):
+        if event.type == "response.completed":
+            final = event.response
+    assert final is not None, "the stream ended without response.completed"
+    return final
 
 
 def loads(value: object) -> Any:

@@ -2,63 +2,22 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Literal
 
 import openai
 import pytest
-from opentelemetry.instrumentation._semconv import _OpenTelemetrySemanticConventionStability  # pyright: ignore[reportPrivateUsage] -- the only switch to re-read the opt-in
 from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 
 from agentlightning import semconv
 from agentlightning.adapter.calls import find_llm_calls
-from agentlightning.adapter.tree import build_call_tree
 from agentlightning.conventions import CONVENTION, LOG_RECORDS, LOG_SOURCE, MISSING, OTEL_GENAI
 from agentlightning.server import StoreServer
 from agentlightning.store.memory import InMemoryLightningStore
 from agentlightning.types import Span
-from tests.core.conventions.conftest import (
-    assert_weather_calls,
-    log_exporter,
-    new_attempt,
-    run_instrumented,
-)
-
-LATEST = "gen_ai_latest_experimental"
-# The three ways this release can carry message content: span attributes (latest opt-in), one details log event
-# per call (latest opt-in, EVENT_ONLY), or one log event per message and choice (the default, pre-opt-in form).
-MODES: dict[str, tuple[str | None, str]] = {
-    "span-attributes": (LATEST, "SPAN_ONLY"),
-    "details-event": (LATEST, "EVENT_ONLY"),
-    "message-events": (None, "true"),
-}
-
-
-@contextmanager
-def genai_mode(opt_in: str | None, capture: str) -> Iterator[None]:
-    """The GenAI stability opt-in and content capture mode for one block, restored afterwards."""
-
-    def reread() -> None:
-        # The stability opt-in is read once per process; force a re-read so no other test sees this one's mode.
-        _OpenTelemetrySemanticConventionStability._initialized = False  # pyright: ignore[reportPrivateUsage]
-        _OpenTelemetrySemanticConventionStability._initialize()  # pyright: ignore[reportPrivateUsage]
-
-    with pytest.MonkeyPatch.context() as patch:
-        if opt_in is None:
-            patch.delenv("OTEL_SEMCONV_STABILITY_OPT_IN", raising=False)
-        else:
-            patch.setenv("OTEL_SEMCONV_STABILITY_OPT_IN", opt_in)
-        patch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", capture)
-        reread()
-        try:
-            yield
-        finally:
-            patch.undo()
-            reread()
+from tests.core.conventions.conftest import assert_weather_calls, log_exporter, new_attempt, run_instrumented
+from tests.core.conventions.instrumented import MODES, genai_mode, llm_spans, messages, with_tool_definitions
 
 
 async def run_mode(
@@ -87,35 +46,12 @@ async def run_mode(
     return await store.query_spans(*attempt), responses
 
 
-def llm_spans(spans: list[Span]) -> list[Span]:
-    """The LLM spans as the adapter reads them (conventions mapped, log records folded)."""
-    tree = build_call_tree(spans)
-    return [s for s in tree.spans.values() if s.attributes.get(semconv.GEN_AI_OPERATION_NAME) == semconv.OP_CHAT]
-
-
-def messages(span: Span) -> tuple[Any, Any]:
-    """(input, output) messages of a span, tool-call arguments parsed (the forms differ in JSON spacing only)."""
-
-    def parsed(key: str) -> Any:
-        value = json.loads(str(span.attributes[key]))
-        for message in value:
-            for call in message.get("tool_calls", []):
-                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
-        return value
-
-    return parsed(semconv.GEN_AI_INPUT_MESSAGES), parsed(semconv.GEN_AI_OUTPUT_MESSAGES)
-
-
 def assert_calls(spans: list[Span], responses: list[Any]) -> list[Span]:
     """The weather calls, their parent (the agent span) and agent name; returns the LLM spans."""
     llm = llm_spans(spans)
     assert all(s.attributes[CONVENTION] == OTEL_GENAI and MISSING not in s.attributes for s in llm)
-    # This release records no tool definitions in any form; the mapping adds none.
-    for span in llm:
-        span.attributes[semconv.GEN_AI_TOOL_DEFINITIONS] = (
-            '[{"type": "function", "function": {"name": "get_weather", "parameters": {"required": ["city"]}}}]'
-        )
-    assert_weather_calls(llm, responses)
+    assert all(semconv.GEN_AI_TOOL_DEFINITIONS not in s.attributes for s in llm)  # this release records none
+    assert_weather_calls(with_tool_definitions(llm), responses)
     (agent_span,) = [s for s in spans if s.name == "invoke_agent weather"]
     assert {s.parent_id for s in llm} == {agent_span.span_id}
     calls = find_llm_calls(spans)
@@ -147,7 +83,7 @@ async def test_openai_v2_log_event_messages(
     assert first_is_record == (order == "logs-first")
     llm = assert_calls(spans, responses)
     expected = {"details-event": [1, 1], "message-events": [3, 5]}[mode]  # 2 + 1 choice, 4 + 1 choice
-    assert [s.attributes[LOG_RECORDS] for s in sorted(llm, key=lambda s: s.start_time)] == expected
+    assert [s.attributes[LOG_RECORDS] for s in llm] == expected
 
 
 async def test_event_forms_map_like_the_attribute_form(
@@ -156,6 +92,6 @@ async def test_event_forms_map_like_the_attribute_form(
     mapped: dict[str, list[tuple[Any, Any]]] = {}
     for mode in MODES:
         spans, _ = await run_mode(store, server, client, mode)
-        mapped[mode] = [messages(s) for s in sorted(llm_spans(spans), key=lambda s: s.start_time)]
+        mapped[mode] = [messages(s) for s in llm_spans(spans)]
     assert mapped["details-event"] == mapped["span-attributes"]
     assert mapped["message-events"] == mapped["span-attributes"]

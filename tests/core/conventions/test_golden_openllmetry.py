@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import openai
 import pytest
-from opentelemetry.instrumentation.openai import OpenAIInstrumentor
 
 from agentlightning import semconv
 from agentlightning.adapter.calls import find_llm_calls
@@ -16,6 +15,7 @@ from tests.core.conventions.conftest import (
     loads,
     run_instrumented,
 )
+from tests.core.conventions.instrumented import TraceloopInstrumentor
 
 # The instrumentor's responses wrapper declares a class-based pydantic Config, deprecated under pydantic 2.
 pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config` is deprecated")
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Support for class-based `config`
 async def test_openllmetry_openai_calls_under_an_agent(
     store: InMemoryLightningStore, server: StoreServer, client: openai.OpenAI
 ) -> None:
-    spans, responses = await run_instrumented(store, server, client, OpenAIInstrumentor())
+    spans, responses = await run_instrumented(store, server, client, TraceloopInstrumentor())
     llm = [s for s in spans if s.name == "openai.chat"]
     # Releases from 0.5x on write GenAI semconv messages as parts, not the indexed gen_ai.prompt.N attributes.
     assert all(s.attributes[CONVENTION] == OTEL_GENAI and MISSING not in s.attributes for s in llm)
