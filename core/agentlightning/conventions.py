@@ -191,6 +191,7 @@ def _messages_from_records(records: Sequence[Span]) -> tuple[Attributes, list[st
     inputs: list[dict[str, Any]] = []
     choices: list[tuple[int, dict[str, Any]]] = []
     details: Attributes = {}
+    captured = False  # whether any message event carries content (the instrumentation's capture switch was on)
     for record in records:
         name = record.attributes.get(LOG_EVENT_NAME, record.name)
         if name == _DETAILS_EVENT:
@@ -198,9 +199,14 @@ def _messages_from_records(records: Sequence[Span]) -> tuple[Attributes, list[st
                 if key in record.attributes and key not in details:
                     details[key] = record.attributes[key]
         elif name == "gen_ai.choice":
-            choices.append(_choice_from_event(_event_body(record, str(name))))
+            body = _event_body(record, "gen_ai.choice")
+            inner = body.get("message")
+            captured = captured or (isinstance(inner, dict) and "content" in inner)
+            choices.append(_choice_from_event(body))
         elif isinstance(name, str) and name.startswith("gen_ai.") and name.endswith(".message"):
-            inputs.append(_message_from_event(name[len("gen_ai.") : -len(".message")], _event_body(record, name)))
+            body = _event_body(record, name)
+            captured = captured or "content" in body
+            inputs.append(_message_from_event(name[len("gen_ai.") : -len(".message")], body))
     mapped: Attributes = {}
     if details:
         # The details event carries the span attribute form's keys (as arrays of maps): map them the same way.
@@ -209,10 +215,10 @@ def _messages_from_records(records: Sequence[Span]) -> tuple[Attributes, list[st
         mapped.update({key: value for key, value in converted.items() if key.startswith(ORIGINAL_PREFIX)})
         if MISSING in converted:
             return {}, cast(list[str], converted[MISSING])
+    if (inputs or choices) and not captured and not mapped:
+        # Without content capture the events hold roles and tool names only: nothing to train on.
+        return {}, ["content in gen_ai.*.message records (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true)"]
     if inputs and sc.GEN_AI_INPUT_MESSAGES not in mapped:
-        if not any("content" in m or "tool_calls" in m for m in inputs):
-            # Without content capture the events name roles only: nothing to train on.
-            return {}, ["content of gen_ai.*.message records (set OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT)"]
         mapped[sc.GEN_AI_INPUT_MESSAGES] = _dumps(inputs)
     if choices and sc.GEN_AI_OUTPUT_MESSAGES not in mapped:
         mapped[sc.GEN_AI_OUTPUT_MESSAGES] = _dumps([message for _, message in sorted(choices, key=lambda c: c[0])])
