@@ -45,6 +45,8 @@ class _Group:
     group_id: str
     rollout_ids: list[str]
     issued_version: int
+    deadline: float = 0.0  # monotonic time after which its unfinished rollouts are cancelled
+    finished: set[str] = field(default_factory=set[str])
 
 
 @dataclass
@@ -101,8 +103,9 @@ class RolloutPipeline:
         self.issued = 0  # groups issued, minus those dropped as stale (they return their place in the budget)
         self._order: list[Any] = []
         self._ready: asyncio.Queue[tuple[_Group, list[Rollout]]] = asyncio.Queue()
-        self._waiters: set[asyncio.Task[None]] = set()
+        self._collector: asyncio.Task[None] | None = None
         self._in_flight: dict[str, _Group] = {}
+        self._waiting: dict[str, _Group] = {}  # issued groups not yet all terminal
         self._fill_lock = asyncio.Lock()
         self._closed = False
 
@@ -117,8 +120,9 @@ class RolloutPipeline:
         return [rid for group in self._in_flight.values() for rid in group.rollout_ids]
 
     async def start(self) -> None:
-        """Issue the first ``(max_staleness + 1) x tasks_per_step`` groups."""
+        """Issue the first ``(max_staleness + 1) x tasks_per_step`` groups and start watching them finish."""
         await self._fill()
+        self._collector = asyncio.create_task(self._collect(), name="agl-async-rollouts")
 
     async def step_done(self, version: int, resources_id: str | None = None) -> None:
         """The learner finished a step and now serves ``version``: widen the budget and issue groups into it."""
@@ -189,13 +193,13 @@ class RolloutPipeline:
                 )  # fmt: skip
             enqueued = await self.store.enqueue_rollouts(requests)
             self.issued += n
+            deadline = time.monotonic() + self._wait_limit_s()
             for index, (group, _) in enumerate(groups):
                 start = index * self.samples_per_task
                 group.rollout_ids = [r.rollout_id for r in enqueued[start : start + self.samples_per_task]]
+                group.deadline = deadline
                 self._in_flight[group.group_id] = group
-                waiter = asyncio.create_task(self._wait_for(group), name=f"agl-group-{group.group_id}")
-                self._waiters.add(waiter)
-                waiter.add_done_callback(self._waiters.discard)
+                self._waiting[group.group_id] = group
 
     def _next_task(self) -> Any:
         """The next task of whole shuffled passes over the set, as the synchronous loop picks them."""
@@ -204,18 +208,45 @@ class RolloutPipeline:
             self.rng.shuffle(self._order)
         return self._order.pop(0)
 
-    async def _wait_for(self, group: _Group) -> None:
-        """Queue ``group`` for the learner once every rollout of it is terminal (cancelling any past the timeout)."""
-        timeout_s = (self.rollout_config.timeout_s or 300.0) * self.rollout_config.max_attempts + 30
-        done = {r.rollout_id for r in await self.store.wait_for_rollouts(group.rollout_ids, timeout_s=timeout_s)}
-        for rollout_id in group.rollout_ids:
-            if rollout_id not in done:
-                logger.warning("rollout %s did not finish within %.0f s; cancelled and scored as failed", rollout_id,
-                               timeout_s)  # fmt: skip
-                with contextlib.suppress(Exception):  # it may finish between the wait and the cancel
-                    await self.store.cancel_rollout(rollout_id)
-        rollouts = await self.store.query_rollouts(rollout_ids=group.rollout_ids)
-        await self._ready.put((group, rollouts))
+    def _wait_limit_s(self) -> float:
+        """How long a group may take: every attempt its whole time limit, plus a margin (as the synchronous loop)."""
+        return (self.rollout_config.timeout_s or 300.0) * self.rollout_config.max_attempts + 30
+
+    async def _collect(self, poll_s: float = 0.05) -> None:
+        """Queue each group for the learner once all its rollouts are terminal (cancelling any past the deadline).
+
+        One waiter for every group in flight: a waiter per group would each re-query the store on every change it
+        is notified of (every span and heartbeat), which cost the trainer's process more CPU than the learner had.
+        """
+        while True:
+            try:
+                await self._collect_once(poll_s)
+            except Exception:  # a store hiccup must not strand the learner waiting on groups nobody watches
+                logger.warning("async rollouts: checking for finished groups failed; retrying", exc_info=True)
+                await asyncio.sleep(poll_s)
+
+    async def _collect_once(self, poll_s: float) -> None:
+        """One look at the groups in flight (waiting up to ``poll_s`` for changes)."""
+        pending = [rid for g in self._waiting.values() for rid in g.rollout_ids if rid not in g.finished]
+        if not pending:
+            await asyncio.sleep(poll_s)
+            return
+        # Returns at the timeout (or when all are terminal) with the rollouts terminal by then.
+        done = await self.store.wait_for_rollouts(pending, timeout_s=poll_s)
+        terminal = {r.rollout_id: r for r in done}
+        now = time.monotonic()
+        for group in list(self._waiting.values()):
+            group.finished.update(rid for rid in group.rollout_ids if rid in terminal)
+            if len(group.finished) < len(group.rollout_ids) and now > group.deadline:
+                for rollout_id in set(group.rollout_ids) - group.finished:
+                    logger.warning("rollout %s did not finish in time; cancelled and scored as failed", rollout_id)
+                    with contextlib.suppress(Exception):  # it may finish between the wait and the cancel
+                        await self.store.cancel_rollout(rollout_id)
+                    group.finished.add(rollout_id)
+            if len(group.finished) == len(group.rollout_ids):
+                del self._waiting[group.group_id]
+                rollouts = await self.store.query_rollouts(rollout_ids=group.rollout_ids)
+                await self._ready.put((group, rollouts))
 
     async def close(self, timeout_s: float) -> list[str]:
         """Stop issuing, cancel the groups' rollouts no runner claimed yet, and wait up to ``timeout_s`` for the
@@ -234,7 +265,8 @@ class RolloutPipeline:
                 rid for rid, result in zip(queued, results, strict=True) if not isinstance(result, BaseException)
             ]
             await self.store.wait_for_rollouts(ids, timeout_s=timeout_s)
-        for waiter in list(self._waiters):
-            waiter.cancel()
-        await asyncio.gather(*self._waiters, return_exceptions=True)
+        if self._collector is not None:
+            self._collector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._collector
         return cancelled
