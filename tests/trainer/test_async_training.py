@@ -298,3 +298,38 @@ def test_async_training_survives_a_runner_killed_mid_step(
             await store.close()
 
     asyncio.run(check())
+
+
+# --- the per-step metrics reach the console and TensorBoard --------------------------------------------------------
+def test_staleness_and_idle_metrics_on_the_console_and_in_tensorboard(tmp_path: Path) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from agentlightning_trainer.metrics import MetricsLogger, RunnerUtilisation, StepMetrics
+
+    utilisation = RunnerUtilisation()
+    # Two runners busy for the first half of a 10 s step, one of them for the second half too.
+    second = 1_000_000_000
+    utilisation.observe([
+        Rollout(rollout_id=f"r{i}", input={}, enqueue_time=0, start_time=start * second, end_time=end * second)
+        for i, (start, end) in enumerate([(0, 5), (0, 10), (1, 5)])
+    ])  # fmt: skip
+    idle = utilisation.idle_fraction(0, 10 * second)
+    assert utilisation.fleet == 3 and idle == pytest.approx(1 - (5 + 10 + 4) / 30)
+    out = StringIO()
+    record = StepMetrics(
+        step=1, reward_mean=0.5, reward_ema=0.5, all_same_frac=0.0, transitions=8, rollouts=8, failed_rollouts=0,
+        policy_version=1, policy_lag=0.5, rollout_s=1.0, update_s=1.0, staleness={0: 5, 1: 3},
+        stale_groups_dropped=1, stale_rollouts_dropped=4, runner_idle_frac=idle, learner_idle_frac=0.25,
+    )  # fmt: skip
+    with MetricsLogger(1, log_dir=tmp_path / "tb", console=Console(file=out, force_terminal=False, width=300)) as log:
+        log.log(record)
+    text = out.getvalue()
+    assert "staleness 0:5 1:3" in text and "1 stale group(s) dropped" in text
+    assert "runners idle 37%" in text and "learner idle 25%" in text
+    events = EventAccumulator(str(tmp_path / "tb")).Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {"staleness/0", "staleness/1", "stale_groups_dropped", "runner_idle_frac", "learner_idle_frac"} <= scalars
+    assert "staleness" in events.Tags()["histograms"]
