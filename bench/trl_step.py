@@ -1,13 +1,13 @@
 """Trainer step time against TRL's ``GRPOTrainer``: one GRPO update of the same LoRA model on the same batch.
 
-Run: ``.venv-trl/bin/python -m bench.trl_step`` (``--quick`` for fewer repetitions; the ``.venv-trl`` environment
-holds trl 1.16 and our packages, so both sides run in this one process, alternating, on 2 threads). The model is
-SmolLM2-135M-Instruct (float32, CPU) with LoRA r=16, alpha=32 on every linear layer; the batch is 32 sequences: 4
-tool-choice prompts (``tool_messages`` + ``TOOL_DEFINITIONS``) x 8 completions of exactly 16 tokens, sampled once by
-our policy and fed to both with the same rewards and advantages. Both make one optimizer step (AdamW, lr 2e-4, no
-weight decay, grad-norm clip 1.0) over the 32 rows in 4 micro-batches of 8 (the quickstart's ``micro_batch_size``),
-with the clipped ratio loss (eps 0.2), token-mean aggregation, temperature 1, no KL (no reference model scored) and
-the sampler's logprobs as the old ones (no extra scoring pass).
+Run: ``.venv-trl/bin/python -m bench.trl_step`` (``--quick`` for fewer repetitions; the ``.venv-trl`` environment, built
+by ``make setup-trl``, holds trl 1.16 and our packages, so both sides run in this one process, alternating, on 2
+threads). The model is SmolLM2-135M-Instruct (float32, CPU) with LoRA r=16, alpha=32 on every linear layer; the batch is
+32 sequences: 4 tool-choice prompts (``tool_messages`` + ``TOOL_DEFINITIONS``) x 8 completions of exactly 16 tokens,
+sampled once by our policy and fed to both with the same rewards and advantages. Both make one optimizer step (AdamW, lr
+2e-4, no weight decay, grad-norm clip 1.0) over the 32 rows in 4 micro-batches of 8 (the quickstart's
+``micro_batch_size``), with the clipped ratio loss (eps 0.2), token-mean aggregation, temperature 1, no KL (no reference
+model scored) and the sampler's logprobs as the old ones (no extra scoring pass).
 
 Timed, ours: ``TorchLearner.update(transitions)`` (epochs=1), the whole call. Timed, TRL: one optimizer step of its
 own ``Trainer`` loop, from the ``on_step_begin`` to the ``on_step_end`` callback: four ``GRPOTrainer.training_step``
@@ -72,8 +72,8 @@ def main() -> None:
         import trl
     except ImportError as exc:
         raise SystemExit(
-            f"{exc}: run this in the TRL environment: python3 -m venv .venv-trl && .venv-trl/bin/pip install "
-            '"trl==1.16.*" peft -e ./core[server] -e "./trainer[hf]"'
+            f"{exc}: run this in the TRL environment, which `make setup-trl` builds: "
+            ".venv-trl/bin/python -m bench.trl_step"
         ) from exc
 
     from agentlightning.adapter import grpo_advantages
