@@ -1,0 +1,1 @@
+"""Foreign-traces example: a ticket router traced by OpenInference alone, trained with LightningRL (README.md)."""
