@@ -3,6 +3,7 @@ skipped by default and trained when configured, counted, and reported by ``agl c
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from pathlib import Path
@@ -15,7 +16,7 @@ from rich.console import Console
 from agentlightning import semconv
 from agentlightning.adapter import LLMCall, TraceAdapter, check_store, find_llm_calls
 from agentlightning.adapter.retokenize import FIX_DRIFT
-from agentlightning.store import InMemoryLightningStore
+from agentlightning.store import InMemoryLightningStore, LightningStore
 from agentlightning.types import Rollout
 from agentlightning_trainer import tool_choice
 from agentlightning_trainer.config import LightningRLConfig, PolicySpec
@@ -162,7 +163,7 @@ def test_lightning_rl_config_skips_drift_by_default() -> None:
         LightningRLConfig(retokenize="sometimes")  # pyright: ignore[reportArgumentType]  # the bad value is the test
 
 
-async def _record(store: InMemoryLightningStore, build: TraceBuilder) -> str:
+async def _record(store: LightningStore, build: TraceBuilder) -> str:
     rollout = await store.enqueue_rollout({"task": 1})
     claimed = await store.claim_rollout("worker-1")
     assert claimed is not None
@@ -210,3 +211,28 @@ def test_troubleshooting_page_covers_the_retokenisation_diagnoses() -> None:
     page = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
     for head in ("re-tokenisation drift in", "no recorded usage for", "cannot be re-tokenised", "--policy SPEC"):
         assert head in page, head
+
+
+def test_agl_check_policy_option_re_tokenises_with_the_named_model(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from agentlightning.cli import app
+    from agentlightning.store.sqlite import SqliteLightningStore
+
+    async def seed() -> None:
+        store = SqliteLightningStore(tmp_path / "store.db")
+        try:
+            await _record(store, _foreign_trace(PROMPT_LEN + 3, 2))
+        finally:
+            await store.close()
+
+    asyncio.run(seed())
+    spec = tmp_path / "policy_spec.json"
+    spec.write_text(SPEC.model_dump_json(), encoding="utf-8")
+    wide = {"COLUMNS": "400"}
+    checked = CliRunner().invoke(app, ["check", "--store", str(tmp_path / "store.db"), "--policy", str(spec)], env=wide)
+    assert checked.exit_code == 1, checked.output  # the one call drifts: nothing trainable
+    assert "re-tokenisation drift in 1 call without token ids" in checked.output
+    assert "route the model through the LLM proxy" in checked.output
+    bad = CliRunner().invoke(app, ["check", "--store", str(tmp_path / "store.db"), "--policy", "nowhere"], env=wide)
+    assert bad.exit_code == 2 and "names no policy" in bad.output
