@@ -15,7 +15,7 @@ from agentlightning.cli._common import TOKEN_ENV, TokenOption, UpstreamKeyOption
 # --- servers ---------------------------------------------------------------------------------------------------------
 # Written as one line a paragraph: typer's help keeps the single line breaks of a docstring's later paragraphs.
 _STORE_HELP = (
-    "Serve a LightningStore over HTTP (REST under /v1 and OTLP/HTTP POST /v1/traces).\n\n"
+    "Serve a LightningStore over HTTP (REST under /v1, OTLP/HTTP POST /v1/traces and /v1/logs).\n\n"
     "The server enforces the rollouts' timeouts itself, with no trainer running: every --watchdog-interval "
     "seconds, attempts that ran past timeout_s are marked timeout, attempts silent (no span, no heartbeat) for "
     "heartbeat_timeout_s are marked unresponsive, and their rollouts are requeued while max_attempts allows, else "
@@ -43,7 +43,7 @@ def store_command(
         ),
     ] = 2.0,
 ) -> None:
-    """Serve a LightningStore over HTTP (REST under /v1 and OTLP/HTTP POST /v1/traces)."""
+    """Serve a LightningStore over HTTP (REST under /v1, OTLP/HTTP POST /v1/traces and /v1/logs)."""
     from agentlightning.server import serve_store
 
     if backend == "sqlite":

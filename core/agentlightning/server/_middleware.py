@@ -52,7 +52,7 @@ class StoreMetrics:
         self.spans_stored = Gauge("agentlightning_store_spans", "Spans held by the store.", registry=self.registry)
         self.spans_ingested = Counter(
             "agentlightning_spans_ingested",
-            "Spans accepted by this server, per ingest path (rest or otlp).",
+            "Spans accepted by this server, per ingest path (rest, otlp, or otlp-logs: GenAI message log records).",
             ["source"],
             registry=self.registry,
         )
@@ -74,7 +74,7 @@ class StoreMetrics:
             ["method", "route", "status"],
             registry=self.registry,
         )
-        for source in ("rest", "otlp"):
+        for source in ("rest", "otlp", "otlp-logs"):
             self.spans_ingested.labels(source)
 
     def observe_store(self, stats: StoreStatistics) -> None:

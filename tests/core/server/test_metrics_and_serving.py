@@ -40,7 +40,7 @@ async def test_metrics_parse_and_count(api: httpx.AsyncClient, store: InMemoryLi
         for s in families["agentlightning_spans_ingested"].samples
         if s.name.endswith("_total")
     }
-    assert ingested == {"rest": 1.0, "otlp": 0.0}
+    assert ingested == {"rest": 1.0, "otlp": 0.0, "otlp-logs": 0.0}
     latency = families["agentlightning_http_request_duration_seconds"]
     routes = {s.labels["route"] for s in latency.samples if s.name.endswith("_count")}
     assert {"/v1/rollouts", "/v1/spans", "/v1/rollouts/{rollout_id}"} <= routes
