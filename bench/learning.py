@@ -143,7 +143,9 @@ class ModeRun:
     load: tuple[float, float]
 
 
-def http_mode(seed: int, max_steps: int, epochs: int, mode: str, slow_tool: bool, max_staleness: int) -> ModeRun:
+def http_mode(
+    seed: int, max_steps: int, epochs: int, mode: str, slow_tool: bool, max_staleness: int, tis_cap: float | None = None
+) -> ModeRun:
     """Seconds to reward EMA 0.8 through the full HTTP loop in ``mode``, with or without the slow tool.
 
     The runners are one ``agl runner`` process on the run's SQLite store, as a fleet is deployed: in the trainer's
@@ -155,7 +157,7 @@ def http_mode(seed: int, max_steps: int, epochs: int, mode: str, slow_tool: bool
     )
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         store = Path(tmp) / "store.db"
-        config = _config(seed, max_steps, epochs=epochs, mode=mode, max_staleness=max_staleness)
+        config = _config(seed, max_steps, epochs=epochs, mode=mode, max_staleness=max_staleness, tis_cap=tis_cap)
         algorithm = LightningRL(config, run_dir=Path(tmp), show_progress=False)
         with _Meter() as meter:
             command = [sys.executable, "-m", "agentlightning.cli", "runner", "--store", str(store), "--agent", agent]
