@@ -236,3 +236,10 @@ def test_agl_check_policy_option_re_tokenises_with_the_named_model(tmp_path: Pat
     assert "route the model through the LLM proxy" in checked.output
     bad = CliRunner().invoke(app, ["check", "--store", str(tmp_path / "store.db"), "--policy", "nowhere"], env=wide)
     assert bad.exit_code == 2 and "names no policy" in bad.output
+
+
+def test_every_retokenisation_step_metric_is_described() -> None:
+    from agentlightning.adapter.retokenize import RetokenizeCounts
+    from agentlightning_trainer.metrics import UPDATE_METRICS
+
+    assert set(RetokenizeCounts().metrics()) <= set(UPDATE_METRICS)

@@ -29,8 +29,16 @@ UPDATE_METRICS: Mapping[str, str] = {
     "grad_norm": "gradient norm before clipping",
     "trained_transitions": "transitions the update trained on",
     "dropped_transitions": "transitions the update could not use",
+    # LightningRL's own counts of calls recorded without token ids (any backend; absent when there were none).
+    "retokenized": "calls without token ids re-tokenised with the policy's tokenizer (every verdict but failed)",
+    "retokenized_trained": "re-tokenised calls trained (usage matched, or any with retokenize='all')",
+    "retokenize_drift": "re-tokenised calls whose recorded usage disagrees with the re-tokenised lengths",
+    "retokenize_skipped_drift": "drifting calls skipped (retokenize='matching')",
+    "retokenize_skipped_no_usage": "calls skipped because no usage was recorded to check them (retokenize='matching')",
+    "retokenize_failed": "calls without token ids that could not be re-tokenised (no messages or reply recorded)",
 }
-"""What the torch learner reports per step (``StepMetrics.extra``; ``update/<name>`` in the loggers)."""
+"""What the update reports per step (``StepMetrics.extra``; ``update/<name>`` in the loggers): the torch learner's
+numbers and the re-tokenisation counts."""
 
 
 @dataclass
