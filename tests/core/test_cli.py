@@ -230,5 +230,6 @@ def test_troubleshooting_page_covers_every_check_diagnosis() -> None:
     heads += ["no token ids", "lack token ids", "prompts over max_prompt_tokens", "responses over max_response_tokens"]
     heads += ["no readable reward", "no calls matched", "without gen_ai.response.id cannot be joined"]
     heads += ["foreign-convention spans without what an LLM or tool call needs"]
+    heads += ["GenAI log records whose LLM span never arrived"]
     for head in heads:
         assert head in page, head

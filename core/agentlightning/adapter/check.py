@@ -11,7 +11,7 @@ from agentlightning.adapter.calls import LLMCall
 from agentlightning.adapter.retokenize import FIX_DRIFT, Retokenized, RetokenizeMode, Retokenizer, trains
 from agentlightning.adapter.selection import AgentSelector, AgentSpec
 from agentlightning.adapter.trace import TraceAdapter
-from agentlightning.conventions import CONVENTION, MISSING
+from agentlightning.conventions import CONVENTION, LOG_EVENT_NAME, LOG_SOURCE, MISSING
 from agentlightning.emit import find_rewards
 from agentlightning.store.base import LightningStore
 from agentlightning.types import Span
@@ -29,6 +29,11 @@ FIX_NO_TOKEN_IDS = (
     "route the agent's LLM calls through the proxy (LLM.base_url_for) or use an upstream that returns token ids"
 )
 FIX_NO_REWARD = "no reward: return a float from the rollout function or call emit_reward(...)"
+FIX_LONE_LOG_RECORDS = (
+    "export the traces too (the span exporter to <store>/v1/traces with the same attempt headers as the log "
+    "exporter) and sample every LLM span (OTEL_TRACES_SAMPLER=always_on): a span the sampler drops can still have its "
+    "log records exported"
+)
 HINT_RETOKENIZE = (
     "; or re-tokenise them with the trained model's tokenizer: agl check --policy SPEC says whether that drifts"
 )
@@ -163,6 +168,9 @@ async def check_store(
         flagged = _flagged_foreign(trace.tree.spans.values())
         if flagged:
             check.problems.append(flagged)
+        lone = _lone_log_records(spans)
+        if lone:
+            check.problems.append(lone)
         if not trace.calls:
             check.problems.append(FIX_NO_CALLS)
         elif not trace.selected:
@@ -231,6 +239,26 @@ def _flagged_foreign(spans: Iterable[Span]) -> str | None:
         f"foreign-convention spans without what an LLM or tool call needs: {len(flagged)} ({what}); stored "
         "unmapped, they train nothing: enable the instrumentation's message capture, or route "
         "the model through the proxy (llm.base_url) to record the calls with token ids"
+    )
+
+
+def _lone_log_records(spans: Sequence[Span]) -> str | None:
+    """One line for GenAI log records whose LLM span is not in the attempt: their messages reach no call."""
+    span_ids = {s.span_id for s in spans if s.attributes.get(semconv.SPAN_SOURCE) != LOG_SOURCE}
+    lone = [
+        s
+        for s in spans
+        if s.attributes.get(semconv.SPAN_SOURCE) == LOG_SOURCE
+        and s.parent_id is not None
+        and s.parent_id not in span_ids
+        and str(s.attributes.get(LOG_EVENT_NAME, s.name)).startswith("gen_ai.")
+    ]
+    if not lone:
+        return None
+    parents = len({s.parent_id for s in lone})
+    return (
+        f"{_count(len(lone), 'GenAI log record')} whose LLM span never arrived ({_count(parents, 'span')} missing): "
+        f"their messages train nothing; {FIX_LONE_LOG_RECORDS}"
     )
 
 

@@ -6,7 +6,10 @@ import io
 
 from rich.console import Console
 
+from agentlightning import semconv
 from agentlightning.adapter import CheckReport, check_store
+from agentlightning.adapter.check import FIX_LONE_LOG_RECORDS
+from agentlightning.conventions import LOG_BODY, LOG_EVENT_NAME, LOG_SOURCE
 from agentlightning.store import InMemoryLightningStore
 from agentlightning.types import Rollout
 from tests.core.adapter.builders import TraceBuilder
@@ -146,3 +149,22 @@ async def test_check_explains_unjoinable_twins_and_unnamed_agents() -> None:
     everything = await check_store(store)
     assert "1 hook span without gen_ai.response.id cannot be joined" in everything.rollouts[0].problems[0]
     assert everything.trainable
+
+
+async def test_check_reports_genai_log_records_whose_span_never_arrived() -> None:
+    store = InMemoryLightningStore()
+    b = good()
+    lost = "00000000000000ff"  # an LLM span the sampler dropped or the traces exporter never sent
+    for event in ("gen_ai.user.message", "gen_ai.choice"):
+        b.add(
+            event, {semconv.SPAN_SOURCE: LOG_SOURCE, LOG_EVENT_NAME: event, LOG_BODY: '{"content": "hi"}'}, parent=lost
+        )
+    b.add("app.audit", {semconv.SPAN_SOURCE: LOG_SOURCE, LOG_EVENT_NAME: "app.audit"}, parent=lost)  # not GenAI
+    here = {semconv.SPAN_SOURCE: LOG_SOURCE, LOG_EVENT_NAME: "gen_ai.user.message", LOG_BODY: '{"content": "hi"}'}
+    b.add("gen_ai.user.message", dict(here), parent=b.spans[1].span_id)  # its span is here: folded, not reported
+    await record(store, b)
+    report = await check_store(store)
+    (line,) = report.rollouts[0].problems
+    assert line.startswith("2 GenAI log records whose LLM span never arrived (1 span missing): their messages train")
+    assert line.endswith(FIX_LONE_LOG_RECORDS) and "OTEL_TRACES_SAMPLER=always_on" in line
+    assert report.trainable  # the call whose span arrived still trains
