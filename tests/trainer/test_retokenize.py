@@ -163,8 +163,8 @@ def test_lightning_rl_config_skips_drift_by_default() -> None:
         LightningRLConfig(retokenize="sometimes")  # pyright: ignore[reportArgumentType]  # the bad value is the test
 
 
-async def _record(store: LightningStore, build: TraceBuilder) -> str:
-    rollout = await store.enqueue_rollout({"task": 1})
+async def _record(store: LightningStore, build: TraceBuilder, resources_id: str | None = None) -> str:
+    rollout = await store.enqueue_rollout({"task": 1}, resources_id=resources_id)
     claimed = await store.claim_rollout("worker-1")
     assert claimed is not None
     await store.start_attempt(rollout.rollout_id, claimed.attempt.attempt_id)
@@ -243,3 +243,28 @@ def test_every_retokenisation_step_metric_is_described() -> None:
     from agentlightning_trainer.metrics import UPDATE_METRICS
 
     assert set(RetokenizeCounts().metrics()) <= set(UPDATE_METRICS)
+
+
+async def test_retokenised_rows_carry_the_version_their_rollout_was_served() -> None:
+    from agentlightning.types import LLM
+    from agentlightning_trainer.async_rollouts import group_staleness
+    from agentlightning_trainer.batches import collect_batch, served_version
+
+    store = InMemoryLightningStore()
+    snapshot = await store.add_resources({"llm": LLM(base_url="http://p/v1", model="m", weights_version=3)})
+    recorded = _foreign_trace(PROMPT_LEN, 2)
+    recorded.spans[0].attributes[semconv.POLICY_VERSION] = 2  # a span that says which weights served it wins
+    ids = [await _record(store, _foreign_trace(PROMPT_LEN, 2), snapshot.resources_id)]
+    ids.append(await _record(store, recorded, snapshot.resources_id))
+    ids.append(await _record(store, _foreign_trace(PROMPT_LEN, 2)))  # enqueued without a snapshot: no version
+    adapter = TraceAdapter(retokenizer=retokenizer_for_spec(SPEC), include_messages=False)
+    batch = await collect_batch(store, await store.query_rollouts(rollout_ids=ids), adapter)
+    versions = {t.rollout_id: t.policy_version for t in batch.transitions}
+    assert [versions[rid] for rid in ids] == [3, 2, None]
+    # Async mode's staleness filter reads the same field: 5 - 3, 5 - 2, and the group's issue version for None.
+    assert sorted(group_staleness(batch, 5, 1)) == [2, 3, 4]
+    assert served_version(None) is None
+    two = await store.add_resources(
+        {"a": LLM(base_url="u", model="a", weights_version=1), "b": LLM(base_url="u", model="b")}
+    )
+    assert served_version(two) == 1  # the only LLM with a version

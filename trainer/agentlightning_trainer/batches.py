@@ -193,20 +193,45 @@ class StepBatch:
 async def collect_batch(
     store: LightningStore, rollouts: Sequence[Rollout], adapter: Any, *, max_prompt_tokens: int | None = None
 ) -> StepBatch:
-    """Transitions of the succeeded rollouts (failed, cancelled and unfinished ones are excluded) and their rewards."""
+    """Transitions of the succeeded rollouts (failed, cancelled and unfinished ones are excluded) and their rewards.
+
+    A row whose call recorded no policy version (a re-tokenised call: foreign spans carry none) gets the weights
+    version of the LLM in its rollout's resources snapshot, the version serving when the rollout was issued."""
     batch = StepBatch(rollout_ids=[r.rollout_id for r in rollouts])
+    served: dict[str, int | None] = {}  # resources id -> weights version of its policy LLM
     for outcome in await read_outcomes(store, rollouts, adapter):
         if outcome.reward is None:
             batch.failed += 1
             continue
         rollout = outcome.rollout
         batch.rewards_by_group.setdefault(rollout.group_id or rollout.rollout_id, []).append(outcome.reward)
-        batch.transitions.extend(
+        rows = [
             t
             for t in outcome.transitions
             if t.has_token_ids and (max_prompt_tokens is None or len(t.prompt_token_ids) <= max_prompt_tokens)
-        )
+        ]
+        if rollout.resources_id is not None and any(t.policy_version is None for t in rows):
+            if rollout.resources_id not in served:
+                served[rollout.resources_id] = served_version(await store.get_resources(rollout.resources_id))
+            version = served[rollout.resources_id]
+            if version is not None:
+                rows = [
+                    t if t.policy_version is not None else t.model_copy(update={"policy_version": version})
+                    for t in rows
+                ]
+        batch.transitions.extend(rows)
     return batch
+
+
+def served_version(snapshot: ResourcesSnapshot | None) -> int | None:
+    """Weights version of the policy LLM in ``snapshot``: the one named ``llm``, else its only versioned LLM."""
+    if snapshot is None:
+        return None
+    llm = snapshot.resources.get(LLM_RESOURCE)
+    if isinstance(llm, LLM) and llm.weights_version is not None:
+        return llm.weights_version
+    versions = {r.weights_version for r in snapshot.resources.values() if isinstance(r, LLM)} - {None}
+    return versions.pop() if len(versions) == 1 else None
 
 
 def mean_reward(outcomes: Sequence[RolloutOutcome]) -> float:
