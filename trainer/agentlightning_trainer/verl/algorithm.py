@@ -23,6 +23,7 @@ from agentlightning_trainer.lightning_rl import LightningRL
 from agentlightning_trainer.verl.settings import VerlSettings, check_verl_config
 
 if TYPE_CHECKING:
+    from agentlightning_trainer.retokenize import ChatRetokenizer
     from agentlightning_trainer.verl.engine import VerlEngine
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,21 @@ async def _checksum(engine: VerlEngine) -> float:
         return float("nan")
 
 
+def verl_retokenizer(tokenizer: Any) -> ChatRetokenizer | None:
+    """The retokenizer of calls recorded without token ids, over the HF tokenizer verl's vLLM replicas serve with.
+
+    None (logged) when the tokenizer has no chat template: such calls then train nothing, as with ``retokenize='off'``.
+    """
+    from agentlightning_trainer.retokenize import ChatRetokenizer
+    from agentlightning_trainer.torch_backend.hf_tokenizer import HFChatTokenizer
+
+    try:
+        return ChatRetokenizer(HFChatTokenizer(tokenizer))
+    except ValueError as exc:
+        logger.warning("calls recorded without token ids cannot be re-tokenised: %s", exc)
+        return None
+
+
 async def run_verl(
     algorithm: LightningRL,
     store: LightningStore,
@@ -105,6 +121,8 @@ async def run_verl(
         algorithm.engine = engine
     engine.connect()  # ray.init belongs on the main thread (signal handlers); the rest runs in a worker thread
     await asyncio.to_thread(engine.start)
+    if cfg.retokenize != "off" and algorithm.adapter.retokenizer is None and engine.tokenizer is not None:
+        algorithm.adapter.retokenizer = verl_retokenizer(engine.tokenizer)
     router = ReplicaRouter(engine.addresses, served_model=engine.served_model)
     router.policy_version = algorithm.version
 

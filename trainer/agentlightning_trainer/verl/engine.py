@@ -68,6 +68,8 @@ class VerlEngine:
         self.started_ray = False
         self.pad_token_id = 0
         self.dp_size = 1
+        self.tokenizer: Any = None
+        """The model's HF tokenizer (verl's, the one vLLM serves with), once :meth:`start` has run."""
 
     def connect(self) -> None:
         """Join the Ray cluster (``ray_address``, else RAY_ADDRESS) or start a local one; call on the main thread."""
@@ -90,7 +92,7 @@ class VerlEngine:
         wiring.add_reward_model_resource_pool(cfg)
         validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
         model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
-        tokenizer = model_config.tokenizer
+        tokenizer = self.tokenizer = model_config.tokenizer
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad or 0)
         self.trainer = LightningPPOTrainer(
