@@ -22,17 +22,20 @@ GenAI message *events* sent as OTLP log records (``POST /v1/logs``) are stored a
 (:data:`LOG_SOURCE`) and folded into the span they name when the adapter reads the attempt
 (:func:`apply_conventions`): the per-message ``gen_ai.{role}.message`` / ``gen_ai.choice`` events
 (opentelemetry-instrumentation-openai-v2's default form) and the ``gen_ai.client.inference.operation.details`` event.
+The older form's ``gen_ai.content.prompt`` / ``gen_ai.content.completion`` span events are folded the same way
+(:func:`fold_content_events`).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, cast
 
 from agentlightning import semconv as sc
-from agentlightning.types import Attributes, AttributeValue, Span
+from agentlightning.types import Attributes, AttributeValue, Span, SpanEvent
 
 CONVENTION: Final = "agentlightning.convention"
 """Name of the foreign convention a span was mapped from: ``openinference``, ``openllmetry`` or ``otel-genai``."""
@@ -129,9 +132,79 @@ def apply_convention(span: Span) -> Span:
 
     Never changes ``span`` itself: stores (the in-memory one) may hand out the objects they keep.
     """
+    if span.events and not _CONTENT_EVENTS.isdisjoint(e.name for e in span.events):
+        return fold_content_events(span)
     if detect_convention(span.attributes) is None:
         return span
     return span.model_copy(update={"attributes": map_convention(span.attributes, span_name=span.name)})
+
+
+_PROMPT_EVENT = "gen_ai.content.prompt"
+_COMPLETION_EVENT = "gen_ai.content.completion"
+_CONTENT_EVENTS = frozenset({_PROMPT_EVENT, _COMPLETION_EVENT})
+# The older GenAI form's operation name for chat completions (llm-spans.md: `chat.completions`, `embeddings`, ...).
+_OLD_CHAT_OPERATION = "chat.completions"
+
+
+def fold_content_events(span: Span) -> Span:
+    """A copy of ``span`` with the messages of the older GenAI form's span events as our message attributes.
+
+    That form (semantic-conventions ``docs/gen-ai/llm-spans.md``, "Events"; deprecated since) puts the prompt on a
+    ``gen_ai.content.prompt`` event (attribute ``gen_ai.prompt``) and the reply on a ``gen_ai.content.completion``
+    event (``gen_ai.completion``), each a JSON string in the OpenAI messages format; the spec's own examples are
+    Python literals (``[{'role': 'user', ...}]``), read too. The span's own message attributes win.
+    """
+    if span.attributes.get(sc.SPAN_SOURCE) in _NATIVE_SOURCES:
+        return span
+    attributes = map_convention(span.attributes, span_name=span.name)
+    events = {e.name: e for e in span.events if e.name in _CONTENT_EVENTS}
+    attributes[CONVENTION] = OTEL_GENAI
+    try:
+        prompt = _event_messages(events.get(_PROMPT_EVENT), "gen_ai.prompt")
+        completion = _event_messages(events.get(_COMPLETION_EVENT), "gen_ai.completion")
+    except (ValueError, TypeError, SyntaxError, RecursionError) as exc:
+        # Foreign input is untrusted: a malformed value flags the span instead of failing the adapter.
+        attributes[MISSING] = [f"well-formed gen_ai.content.* events ({type(exc).__name__}: {exc})"]
+        return span.model_copy(update={"attributes": attributes})
+    if prompt is None and sc.GEN_AI_INPUT_MESSAGES not in attributes:
+        attributes[MISSING] = ["gen_ai.prompt on a gen_ai.content.prompt event"]
+        return span.model_copy(update={"attributes": attributes})
+    if prompt is not None:
+        attributes.setdefault(sc.GEN_AI_INPUT_MESSAGES, _dumps(prompt))
+    if completion is not None:
+        reasons = attributes.get("gen_ai.response.finish_reasons")
+        if completion and isinstance(reasons, list) and reasons and isinstance(reasons[0], str):
+            completion[0].setdefault("finish_reason", _FINISH_REASONS.get(reasons[0], reasons[0]))
+        attributes.setdefault(sc.GEN_AI_OUTPUT_MESSAGES, _dumps(completion))
+    operation = attributes.get(sc.GEN_AI_OPERATION_NAME)
+    if operation is None or operation == _OLD_CHAT_OPERATION:
+        if operation is not None:
+            attributes[ORIGINAL_PREFIX + sc.GEN_AI_OPERATION_NAME] = operation
+        attributes[sc.GEN_AI_OPERATION_NAME] = sc.OP_CHAT
+    # That form's usage names (llm-spans.md): gen_ai.usage.prompt_tokens / completion_tokens.
+    _copy_int(attributes, "gen_ai.usage.prompt_tokens", attributes, sc.GEN_AI_USAGE_INPUT_TOKENS)
+    _copy_int(attributes, "gen_ai.usage.completion_tokens", attributes, sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+    _copy_str(attributes, "gen_ai.system", attributes, sc.GEN_AI_PROVIDER_NAME)
+    return span.model_copy(update={"attributes": attributes})
+
+
+def _event_messages(event: SpanEvent | None, key: str) -> list[dict[str, Any]] | None:
+    """The OpenAI chat messages of a ``gen_ai.content.*`` event's ``key`` attribute; None when absent."""
+    raw = None if event is None else event.attributes.get(key)
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise TypeError(f"{key} is {type(raw).__name__}, not a string")
+    value: object
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = ast.literal_eval(raw)  # the spec's examples: a Python literal (literals only, never code)
+    if isinstance(value, dict):
+        value = [cast(dict[str, Any], value)]
+    if not isinstance(value, list) or not all(isinstance(m, dict) for m in cast(list[Any], value)):
+        raise TypeError(f"{key} is not a list of messages")
+    return [dict(cast(dict[str, Any], m)) for m in cast(list[Any], value)]
 
 
 def apply_conventions(spans: Sequence[Span]) -> list[Span]:
