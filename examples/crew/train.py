@@ -2,9 +2,10 @@
 
 The wiring: ``agentlightning_crewai.instrument()`` records the crew's spans (agents by role); the ``@rollout``
 function runs the unmodified crew with every agent's model pointed at the LLM proxy, flushes the listener, and
-returns 1 when the specialist routed the ticket to the right team; ``LightningRLConfig(agents=["specialist"])``
-trains the specialist's calls only — the planner and critic call the same model but their calls become no
-training data; ``Trainer.fit`` runs it all.
+returns 1 when the specialist routed the ticket to the right team; ``LightningRLConfig(agents=["specialist"],
+adapter_per_agent=True)`` gives the specialist weights of its own and trains its calls only — the planner and critic
+are served by the untouched base model, and their calls become no training data; ``Trainer.fit`` runs it all. The
+crew uses CrewAI's own ``LLM`` class with native tool calls, on the CPU's tiny policy as on a real model.
 
     python -m examples.crew.train                 # CPU: tiny GPT policy (see the README for what it learns)
     python -m examples.crew.train --dev           # one pass against the fake upstream, span trees printed
@@ -13,6 +14,7 @@ training data; ``Trainer.fit`` runs it all.
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any, Final
@@ -21,18 +23,33 @@ from rich.console import Console
 
 import agentlightning_crewai
 from agentlightning import LLM, rollout
+from agentlightning_trainer.tool_calls import format_tool_call
 from examples import _training
 from examples._cli import ExampleCommand
 from examples._dev import run_dev
 from examples._training import TrainOutcome
-from examples.crew.agent import TEAMS, OpenAITextLLM, TeamDirectoryTool, handle_ticket
+from examples.crew.agent import TEAMS, TeamDirectoryTool, close_model, handle_ticket, openai_model
 
 TRAINED_AGENTS: Final = ["specialist"]
-# CPU task: the tiny GPT replies with one token, a team, with or without a leading space (constrained decoding, the
-# policy's ``reply_words``); the desk routes the ticket to the team the specialist's reply names. A one-token reply is
-# never empty, which CrewAI would reject, so no end token is needed.
+
+
+class _WithoutTokenEstimateWarning(logging.Filter):
+    """CrewAI estimates the prompt's token count before every call to an OpenAI-compatible server that has no count
+    route, and warns each time it does; the estimate is all the crew needs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Using an approximate input token count")
+
+
+logging.getLogger("crewai.llms.base_llm").addFilter(_WithoutTokenEstimateWarning())
+# CPU task: the tiny GPT replies with one token (constrained decoding, the policy's ``reply_words``): a team, with or
+# without a leading space, or a native call of the specialist's tool (one token of the compact call format, which the
+# policy server returns as an OpenAI tool call and CrewAI runs; the specialist then answers again). The desk routes
+# the ticket to the team the specialist's final reply names. A one-token reply is never empty, which CrewAI would
+# reject, so no end token is needed.
+DIRECTORY_CALL: Final = format_tool_call("team_directory", {}, compact=True)
 CPU_REPLY_WORDS: Final = (
-    "billing", "shipping", "technical", "returns", " billing", " shipping", " technical", " returns",
+    "billing", "shipping", "technical", "returns", " billing", " shipping", " technical", " returns", DIRECTORY_CALL,
 )  # fmt: skip
 CPU_REPLY_TOKENS: Final = 1
 
@@ -70,23 +87,21 @@ def crew_agent(task: dict[str, Any], llm: LLM) -> float:
     helper_max_tokens = task.get("helper_max_tokens") or max_tokens
     limits = {"planner": helper_max_tokens, "specialist": max_tokens, "critic": helper_max_tokens}
     models = [
-        OpenAITextLLM(model=llm.model_for(name), base_url=llm.base_url, temperature=temperature, max_tokens=limit)
+        openai_model(llm.model_for(name), llm.base_url, temperature=temperature, max_tokens=limit)
         for name, limit in limits.items()
     ]
     try:
         team = handle_ticket(task["request"], *models)
     finally:
         for model in models:
-            model.close()
+            close_model(model)
         agentlightning_crewai.flush()  # CrewAI handles events on its own threads: let the last spans land
     return 1.0 if team == task["team"] else 0.0
 
 
-# The parts of CrewAI's prompts a sequential crew of text-model agents sends (its translation file has many more).
-_CREWAI_SLICES: Final = (
-    "role_playing", "tools", "no_tools", "task", "task_no_tools", "task_with_context", "expected_output", "format",
-    "final_answer_format", "format_without_tools", "observation",
-)  # fmt: skip
+# The parts of CrewAI's prompts a sequential crew sends to models with native tool calls (its translation file has
+# many more), and the error message it sends when an agent runs out of iterations.
+_CREWAI_SLICES: Final = ("role_playing", "native_task", "task_no_tools", "task_with_context", "expected_output")
 
 
 def _crewai_prompt_pieces() -> list[str]:
@@ -94,11 +109,12 @@ def _crewai_prompt_pieces() -> list[str]:
     import importlib.resources
     import json
 
-    slices = json.loads(importlib.resources.files("crewai").joinpath("translations/en.json").read_text())["slices"]
+    translations = json.loads(importlib.resources.files("crewai").joinpath("translations/en.json").read_text())
+    texts = [str(translations["slices"].get(name, "")) for name in _CREWAI_SLICES]
+    texts.append(str(translations["errors"].get("force_final_answer", "")))
     pieces: list[str] = []
-    for name in _CREWAI_SLICES:
-        text = slices.get(name, "")
-        for line in str(text).split("\n"):
+    for text in texts:
+        for line in text.split("\n"):
             pieces += [p for p in re.split(r"\{[a-z_]+\}", line) if len(p.strip()) > 3]
     return pieces
 
@@ -109,22 +125,22 @@ def vocabulary() -> tuple[str, ...]:
     crew_texts = [
         "You are planner specialist critic . Your personal goal is : Plan how the desk answers a ticket A calm "
         "dispatcher Route each ticket to the right team Knows every Check the routing Hard to please a plan "
-        "one team a verdict of Current Task This is the expected criteria for your final answer Tool Name "
-        "Arguments Description properties title type object additionalProperties false required Schema",
+        "one team a verdict of tools",
         tool.name, tool.description, tool._run(), *TEAMS, *TEAMS.values(),
     ]  # fmt: skip
     crew_texts += [request for request, _ in TICKETS]
-    # Each team is a token, with and without its leading space; every other word only without (a prompt spends one
-    # token more per word): each token is one more wrong reply a random policy can sample.
-    whole = dict.fromkeys([*TEAMS, *(f" {team}" for team in TEAMS), *_crewai_prompt_pieces()])
+    # Each team is a token, with and without its leading space, and so is the tool call; every other word only
+    # without (a prompt spends one token more per word): each token is one more wrong reply a random policy can
+    # sample.
+    whole = dict.fromkeys([*TEAMS, *(f" {team}" for team in TEAMS), DIRECTORY_CALL, *_crewai_prompt_pieces()])
     return _training.tiny_gpt_words(crew_texts, whole=whole, pattern=r"[A-Za-z_]+")
 
 
 def cpu_config(steps: int, seed: int, run_dir: Path | None = None) -> Any:
     """LightningRL settings for the tiny GPT on the CPU; only the specialist's calls are trained."""
     return _training.cpu_config(
-        vocabulary(), steps=steps, seed=seed, run_dir=run_dir, max_seq_len=400, agents=TRAINED_AGENTS,
-        adapter_per_agent=True, reply_words=CPU_REPLY_WORDS, max_prompt_tokens=380,
+        vocabulary(), steps=steps, seed=seed, run_dir=run_dir, max_seq_len=256, agents=TRAINED_AGENTS,
+        adapter_per_agent=True, reply_words=CPU_REPLY_WORDS, max_prompt_tokens=240,
         max_response_tokens=CPU_REPLY_TOKENS,
         # Every ticket in every step (12 x 12 crews): each of the 12 routes gets a signal each step. A kickoff costs
         # far more than an update, so each batch is used 3 times in mini-batches of 32, and PPO's high-side clip is
@@ -162,19 +178,18 @@ def train_gpu(model: str, *, backend: str, steps: int, seed: int, run_dir: Path,
 
 
 def fake_reply(request: Any) -> Any:
-    """The fake upstream's scripted crew: the specialist consults its directory, then routes; the others answer."""
-    from agentlightning.testing.fake_openai import FakeReply
+    """The fake upstream's scripted crew: the specialist calls its directory tool (a native tool call), then routes;
+    the others answer."""
+    from agentlightning.testing.fake_openai import FakeReply, FakeToolCall
 
     system = next((str(m.get("content", "")) for m in request.messages if m.get("role") == "system"), "")
-    seen_directory = any("Observation" in str(m.get("content", "")) for m in request.messages[1:])
-    if system.startswith("You are specialist") and not seen_directory:
-        return FakeReply(text="Thought: I check the teams.\nAction: team_directory\nAction Input: {}")
+    if system.startswith("You are specialist") and not request.has_tool_results:
+        return FakeReply(tool_calls=[FakeToolCall("team_directory", "{}")])
     if system.startswith("You are specialist"):
-        team = next(t for r, t in TICKETS if r in request.last_user_text or r in str(request.messages))
-        return FakeReply(text=f"Thought: I now know the final answer\nFinal Answer: {team}")
+        return FakeReply(text=next(t for r, t in TICKETS if r in str(request.messages)))
     if system.startswith("You are planner"):
-        return FakeReply(text="Thought: done\nFinal Answer: read the ticket and pick the team")
-    return FakeReply(text="Thought: done\nFinal Answer: the routing is right")
+        return FakeReply(text="read the ticket and pick the team")
+    return FakeReply(text="the routing is right")
 
 
 async def dev_async(

@@ -9,6 +9,7 @@ import pytest
 
 from agentlightning.semconv import GEN_AI_RESPONSE_MODEL
 from examples.sql.train import train_cpu
+from tests.examples.greedy import greedy_replies, replies_now
 
 # Per-agent weights (the checker on the frozen base, so it keeps rejecting): seeds 0, 1, 2 rose by 0.33, 0.40, 0.67 in
 # 40 steps and seeds 0, 1 by 0.53, 0.60 in 60; see the README.
@@ -43,6 +44,13 @@ def test_cpu_mode_learns_and_trains_only_writer_and_rewriter(tmp_path: Path) -> 
     (base,) = served["checker"]
     assert "@" not in base
     assert served["writer"] == {f"{base}@writer"} and served["rewriter"] == {f"{base}@rewriter"}
+    # ...and so it does: the base, as trained, answers every prompt the checker was asked in the first validation
+    # with the same tokens; the writer's and rewriter's own weights changed some of their replies.
+    replies, policy = asyncio.run(greedy_replies(outcome.store)), outcome.algorithm.policy
+    asked, changed = replies_now(policy, replies, base, None)
+    assert asked > 0 and changed == 0, (asked, changed)
+    assert replies_now(policy, replies, f"{base}@writer", "writer")[1] > 0
+    assert replies_now(policy, replies, f"{base}@rewriter", "rewriter")[1] > 0
     assert trained.get("checker", 0) == 0, "the checker's calls must produce no transitions"
     assert trained["writer"] > 0 and trained["rewriter"] > 0
     # Issue #13's bar: validation execution match rises by at least 0.3.
