@@ -20,7 +20,8 @@ import base64
 import binascii
 import logging
 import zlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar, cast
 
 import orjson
@@ -67,32 +68,58 @@ class OtlpError(Exception):
         self.message = message
 
 
-def add_otlp_route(
-    app: FastAPI, store: LightningStore, *, metrics: StoreMetrics, max_body_bytes: int, max_spans_per_request: int
-) -> None:
-    """Mount ``POST /v1/traces`` on ``app``."""
+@dataclass(frozen=True)
+class OtlpSignal:
+    """What differs between the OTLP exports this server takes (traces, logs); :func:`export_handler` does the rest."""
 
-    async def export_traces(request: Request) -> Response:
+    request_type: type[Message]
+    json_containers: tuple[str, str, str]
+    count: Callable[[Any], int]
+    """Items (spans, log records) in a parsed export."""
+    to_spans: Callable[..., tuple[list[Span], list[str]]]
+    """(export, rollout_id=, attempt_id=) -> spans to store and the reasons for items rejected."""
+    new_answer: Callable[[], Message]
+    set_rejected: Callable[[Any, int], None]
+    """Writes the rejected count into the answer's ``partial_success``."""
+    noun: str
+    metrics_source: str
+    batch_size_env: str
+    """The exporter's batch size setting, named in a 413."""
+
+
+OTLP_REQUEST_BODY: Final = {
+    "required": True,
+    "content": {PROTOBUF: {"schema": {"type": "string", "format": "binary"}}, JSON: {"schema": {"type": "object"}}},
+}
+
+
+def export_handler(
+    signal: OtlpSignal, store: LightningStore, *, metrics: StoreMetrics, max_body_bytes: int, max_items: int
+) -> Callable[[Request], Awaitable[Response]]:
+    """The route of one OTLP/HTTP signal: parse, bound, convert, refuse non-finite doubles, store per attempt, answer
+    ``partial_success`` for what was rejected (4xx as google.rpc.Status in the request's encoding)."""
+
+    async def export(request: Request) -> Response:
         media = (request.headers.get("content-type") or PROTOBUF).split(";")[0].strip().lower()
         as_json = media == JSON
         try:
             if media not in (PROTOBUF, JSON):
                 raise OtlpError(415, f"content-type {media!r} is not OTLP; send {PROTOBUF} or {JSON}")
             body = await read_body(request, max_body_bytes)
-            export = (
-                parse_json(body, ExportTraceServiceRequest, _SPAN_CONTAINERS)
+            parsed = (
+                parse_json(body, signal.request_type, signal.json_containers)
                 if as_json
-                else parse_protobuf(body, ExportTraceServiceRequest)
+                else parse_protobuf(body, signal.request_type)
             )
-            count = sum(len(scope.spans) for rs in export.resource_spans for scope in rs.scope_spans)
-            if count > max_spans_per_request:
+            count = signal.count(parsed)
+            if count > max_items:
                 raise OtlpError(
                     413,
-                    f"{count} spans in one export; this server accepts at most {max_spans_per_request} "
-                    "(max_spans_per_request). Lower the exporter's batch size (OTEL_BSP_MAX_EXPORT_BATCH_SIZE).",
+                    f"{count} {signal.noun} in one export; this server accepts at most {max_items} "
+                    f"(max_spans_per_request). Lower the exporter's batch size ({signal.batch_size_env}).",
                 )
-            spans, reasons = spans_from_otlp(
-                export,
+            spans, reasons = signal.to_spans(
+                parsed,
                 rollout_id=request.headers.get(semconv.HEADER_ROLLOUT_ID),
                 attempt_id=request.headers.get(semconv.HEADER_ATTEMPT_ID),
             )
@@ -103,19 +130,51 @@ def add_otlp_route(
             return status_response(413, str(exc.detail), as_json)
         except OtlpError as exc:
             return status_response(exc.status, exc.message, as_json)
-        rejected = count - len(spans)
         accepted, store_reasons = await store_by_attempt(store, spans)
-        rejected += len(spans) - accepted
+        rejected = count - accepted
         reasons = [*reasons, *store_reasons]
-        metrics.spans_ingested.labels("otlp").inc(accepted)
+        metrics.spans_ingested.labels(signal.metrics_source).inc(accepted)
+        answer = signal.new_answer()
         if rejected:
             metrics.spans_rejected.inc(rejected)
-            logger.warning("OTLP export: %d of %d spans rejected: %s", rejected, count, "; ".join(reasons[:3]))
-        answer = ExportTraceServiceResponse()
-        if rejected:
-            answer.partial_success.rejected_spans = rejected
-            answer.partial_success.error_message = partial_message(rejected, reasons, "spans")
+            logger.warning(
+                "OTLP export: %d of %d %s rejected: %s", rejected, count, signal.noun, "; ".join(reasons[:3])
+            )
+            signal.set_rejected(answer, rejected)
+            cast(Any, answer).partial_success.error_message = partial_message(rejected, reasons, signal.noun)
         return encode_answer(answer, as_json)
+
+    return export
+
+
+def _count_spans(export: ExportTraceServiceRequest) -> int:
+    return sum(len(scope.spans) for rs in export.resource_spans for scope in rs.scope_spans)
+
+
+def _set_rejected_spans(answer: Any, rejected: int) -> None:
+    answer.partial_success.rejected_spans = rejected
+
+
+TRACES: Final = OtlpSignal(
+    request_type=ExportTraceServiceRequest,
+    json_containers=_SPAN_CONTAINERS,
+    count=_count_spans,
+    to_spans=spans_from_otlp,
+    new_answer=ExportTraceServiceResponse,
+    set_rejected=_set_rejected_spans,
+    noun="spans",
+    metrics_source="otlp",
+    batch_size_env="OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+)
+
+
+def add_otlp_route(
+    app: FastAPI, store: LightningStore, *, metrics: StoreMetrics, max_body_bytes: int, max_spans_per_request: int
+) -> None:
+    """Mount ``POST /v1/traces`` on ``app``."""
+    export_traces = export_handler(
+        TRACES, store, metrics=metrics, max_body_bytes=max_body_bytes, max_items=max_spans_per_request
+    )
 
     app.add_api_route(
         "/v1/traces",
@@ -125,13 +184,7 @@ def add_otlp_route(
         summary="OTLP/HTTP trace export",
         response_class=Response,
         openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-                    JSON: {"schema": {"type": "object"}},
-                },
-            },
+            "requestBody": OTLP_REQUEST_BODY,
             "responses": {
                 "200": {"description": "ExportTraceServiceResponse (partial_success lists rejected spans)."},
             },

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Final, cast
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
@@ -37,21 +37,8 @@ from starlette.responses import Response
 
 from agentlightning import semconv
 from agentlightning.conventions import LOG_BODY, LOG_EVENT_NAME, LOG_SOURCE
-from agentlightning.server._middleware import BodyTooLargeError, StoreMetrics
-from agentlightning.server._otlp import (
-    JSON,
-    PROTOBUF,
-    OtlpError,
-    document_status_errors,
-    encode_answer,
-    parse_json,
-    parse_protobuf,
-    partial_message,
-    read_body,
-    status_response,
-    store_by_attempt,
-)
-from agentlightning.store._finite import nonfinite_span_error, span_has_nonfinite
+from agentlightning.server._middleware import StoreMetrics
+from agentlightning.server._otlp import OTLP_REQUEST_BODY, OtlpSignal, document_status_errors, export_handler
 from agentlightning.store.base import LightningStore
 from agentlightning.types import Attributes, AttributeValue, Span
 
@@ -64,53 +51,30 @@ _SCOPE: Final = "agentlightning.log.scope"
 _UNNAMED: Final = "log record"
 
 
+def _count_log_records(export: ExportLogsServiceRequest) -> int:
+    return sum(len(scope.log_records) for rl in export.resource_logs for scope in rl.scope_logs)
+
+
+def _set_rejected_log_records(answer: Any, rejected: int) -> None:
+    answer.partial_success.rejected_log_records = rejected
+
+
 def add_otlp_logs_route(
     app: FastAPI, store: LightningStore, *, metrics: StoreMetrics, max_body_bytes: int, max_records: int
 ) -> None:
     """Mount ``POST /v1/logs`` on ``app``; ``max_records`` bounds the log records of one export."""
-
-    async def export_logs(request: Request) -> Response:
-        media = (request.headers.get("content-type") or PROTOBUF).split(";")[0].strip().lower()
-        as_json = media == JSON
-        try:
-            if media not in (PROTOBUF, JSON):
-                raise OtlpError(415, f"content-type {media!r} is not OTLP; send {PROTOBUF} or {JSON}")
-            body = await read_body(request, max_body_bytes)
-            export = (
-                parse_json(body, ExportLogsServiceRequest, _LOG_CONTAINERS)
-                if as_json
-                else parse_protobuf(body, ExportLogsServiceRequest)
-            )
-            count = sum(len(scope.log_records) for rl in export.resource_logs for scope in rl.scope_logs)
-            if count > max_records:
-                raise OtlpError(
-                    413,
-                    f"{count} log records in one export; this server accepts at most {max_records} "
-                    "(max_spans_per_request). Lower the exporter's batch size (OTEL_BLRP_MAX_EXPORT_BATCH_SIZE).",
-                )
-            spans, reasons = spans_from_otlp_logs(
-                export,
-                rollout_id=request.headers.get(semconv.HEADER_ROLLOUT_ID),
-                attempt_id=request.headers.get(semconv.HEADER_ATTEMPT_ID),
-            )
-            for span in spans:
-                if span_has_nonfinite(span):
-                    raise OtlpError(400, str(nonfinite_span_error(span)))
-        except BodyTooLargeError as exc:
-            return status_response(413, str(exc.detail), as_json)
-        except OtlpError as exc:
-            return status_response(exc.status, exc.message, as_json)
-        accepted, store_reasons = await store_by_attempt(store, spans)
-        rejected = count - accepted
-        reasons = [*reasons, *store_reasons]
-        metrics.spans_ingested.labels("otlp-logs").inc(accepted)
-        answer = ExportLogsServiceResponse()
-        if rejected:
-            metrics.spans_rejected.inc(rejected)
-            logger.warning("OTLP log export: %d of %d records rejected: %s", rejected, count, "; ".join(reasons[:3]))
-            answer.partial_success.rejected_log_records = rejected
-            answer.partial_success.error_message = partial_message(rejected, reasons, "log records")
-        return encode_answer(answer, as_json)
+    logs = OtlpSignal(
+        request_type=ExportLogsServiceRequest,
+        json_containers=_LOG_CONTAINERS,
+        count=_count_log_records,
+        to_spans=spans_from_otlp_logs,
+        new_answer=ExportLogsServiceResponse,
+        set_rejected=_set_rejected_log_records,
+        noun="log records",
+        metrics_source="otlp-logs",
+        batch_size_env="OTEL_BLRP_MAX_EXPORT_BATCH_SIZE",
+    )
+    export_logs = export_handler(logs, store, metrics=metrics, max_body_bytes=max_body_bytes, max_items=max_records)
 
     app.add_api_route(
         "/v1/logs",
@@ -128,13 +92,7 @@ def add_otlp_logs_route(
         ),
         response_class=Response,
         openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
-                    JSON: {"schema": {"type": "object"}},
-                },
-            },
+            "requestBody": OTLP_REQUEST_BODY,
             "responses": {
                 "200": {"description": "ExportLogsServiceResponse (partial_success lists rejected log records)."},
             },
