@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
     from opentelemetry.trace import Status
 
-__all__ = ["OTelAttributeValue", "clean_attribute_value", "span_from_readable", "spans_from_otlp"]
+__all__ = ["OTelAttributeValue", "clean_attribute_value", "plain_any_value", "span_from_readable", "spans_from_otlp"]
 
 OTelAttributeValue: TypeAlias = (
     str | bool | int | float | tuple[str, ...] | tuple[bool, ...] | tuple[int, ...] | tuple[float, ...]
@@ -451,7 +451,7 @@ def _attribute_value(value: AnyValue) -> AttributeValue | None:
     if which is None:
         return None
     if which == "array_value":
-        items: list[Any] = [_json_value(item) for item in value.array_value.values]
+        items: list[Any] = [plain_any_value(item) for item in value.array_value.values]
         if not items:
             return []
         kinds: set[type] = {type(item) for item in items}
@@ -459,12 +459,12 @@ def _attribute_value(value: AnyValue) -> AttributeValue | None:
             return cast(AttributeValue, items)  # one primitive type, checked just above
         return json.dumps(items, separators=(",", ":"))
     if which == "kvlist_value":
-        return json.dumps(_json_value(value), separators=(",", ":"))
-    primitive = _json_value(value)
+        return json.dumps(plain_any_value(value), separators=(",", ":"))
+    primitive = plain_any_value(value)
     return primitive if isinstance(primitive, str | bool | int | float) else None
 
 
-def _json_value(value: AnyValue) -> Any:
+def plain_any_value(value: AnyValue) -> Any:
     """An AnyValue as plain JSON-able Python (bytes as hex, kvlists as dicts)."""
     which = value.WhichOneof("value")
     if which == "string_value":
@@ -478,7 +478,7 @@ def _json_value(value: AnyValue) -> Any:
     if which == "bytes_value":
         return value.bytes_value.hex()
     if which == "array_value":
-        return [_json_value(item) for item in value.array_value.values]
+        return [plain_any_value(item) for item in value.array_value.values]
     if which == "kvlist_value":
-        return {kv.key: _json_value(kv.value) for kv in value.kvlist_value.values}
+        return {kv.key: plain_any_value(kv.value) for kv in value.kvlist_value.values}
     return None

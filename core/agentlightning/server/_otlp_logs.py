@@ -31,12 +31,13 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceRequest,
     ExportLogsServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from starlette.responses import Response
 
 from agentlightning import semconv
 from agentlightning.conventions import LOG_BODY, LOG_EVENT_NAME, LOG_SOURCE
+from agentlightning.otel import plain_any_value
 from agentlightning.server._middleware import StoreMetrics
 from agentlightning.server._otlp import OTLP_REQUEST_BODY, OtlpSignal, document_status_errors, export_handler
 from agentlightning.store.base import LightningStore
@@ -151,7 +152,7 @@ def _span_from_record(
     if event_name:
         attributes[LOG_EVENT_NAME] = event_name
     if record.HasField("body"):
-        attributes[LOG_BODY] = json.dumps(_plain(record.body), separators=(",", ":"), ensure_ascii=False)
+        attributes[LOG_BODY] = json.dumps(plain_any_value(record.body), separators=(",", ":"), ensure_ascii=False)
     if record.severity_text:
         attributes[_SEVERITY_TEXT] = record.severity_text
     if record.severity_number:
@@ -183,7 +184,7 @@ def _attributes(key_values: Sequence[KeyValue]) -> Attributes:
     """OTLP attributes as ours: primitives as they are, homogeneous arrays as lists, anything nested as JSON text."""
     result: Attributes = {}
     for kv in key_values:
-        value = _plain(kv.value)
+        value = plain_any_value(kv.value)
         if value is None:
             continue
         result[kv.key] = _attribute(value)
@@ -200,23 +201,3 @@ def _attribute(value: Any) -> AttributeValue:
             return cast(AttributeValue, items)  # empty, or one primitive type: checked just above
     # Arrays of maps (the details event's gen_ai.input.messages) become the JSON text span attributes carry.
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _plain(value: AnyValue) -> Any:
-    """An AnyValue as plain JSON-able Python (bytes as hex, kvlists as dicts); None when unset."""
-    which = value.WhichOneof("value")
-    if which == "string_value":
-        return value.string_value
-    if which == "bool_value":
-        return value.bool_value
-    if which == "int_value":
-        return value.int_value
-    if which == "double_value":
-        return value.double_value
-    if which == "bytes_value":
-        return value.bytes_value.hex()
-    if which == "array_value":
-        return [_plain(item) for item in value.array_value.values]
-    if which == "kvlist_value":
-        return {kv.key: _plain(kv.value) for kv in value.kvlist_value.values}
-    return None
