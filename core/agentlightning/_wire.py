@@ -10,6 +10,8 @@ from agentlightning.types import (
     Attempt,
     AttemptStatus,
     ClaimedRollout,
+    MetricsRecord,
+    MetricsRun,
     Resource,
     ResourcesSnapshot,
     Rollout,
@@ -101,6 +103,18 @@ class CheckTimeoutsBody(_Body):
     now: int | None = Field(default=None, ge=0, le=MAX_INT64)
 
 
+class AddMetricsBody(_Body):
+    """Per-step metrics records to store in one transaction (a stored ``(run_id, step)`` is replaced)."""
+
+    records: list[MetricsRecord]
+
+
+class StoredCount(BaseModel):
+    """How many records a write stored."""
+
+    stored: int
+
+
 SpansAnswer: TypeAlias = Literal["spans", "sequence_ids"]
 
 
@@ -131,3 +145,5 @@ SNAPSHOT_OR_NONE: Final = TypeAdapter(ResourcesSnapshot | None)
 SNAPSHOTS: Final = TypeAdapter(list[ResourcesSnapshot])
 REQUESTS: Final = TypeAdapter(list[RolloutRequest])
 RESOURCES: Final = TypeAdapter(dict[str, Resource])
+METRICS: Final = TypeAdapter(list[MetricsRecord])
+METRIC_RUNS: Final = TypeAdapter(list[MetricsRun])

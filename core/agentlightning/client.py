@@ -3,9 +3,9 @@
 Usable from any number of event loops and threads (one connection pool per running loop: a lean HTTP/1.1 pool for
 ``http://`` URLs, ``httpx`` for ``https://`` and custom transports); wrap it in
 :class:`agentlightning.store.SyncLightningStore` for blocking use. Connection errors and 5xx answers are retried
-with exponential backoff; every operation is safe to retry (span ingest is idempotent, and enqueue, claim, start,
-finish, cancel and add-resources carry an ``Idempotency-Key``, stored by the server with the write, so a retry acts
-once even across a server restart). A 4xx raises the same error
+with exponential backoff; every operation is safe to retry (span and metrics ingest are idempotent, and enqueue,
+claim, start, finish, cancel and add-resources carry an ``Idempotency-Key``, stored by the server with the write, so
+a retry acts once even across a server restart). A 4xx raises the same error
 type as a local store (NotFoundError, IllegalTransitionError, ValueError) with the server's message.
 """
 
@@ -32,6 +32,7 @@ from pydantic import TypeAdapter
 from agentlightning import _wire as m
 from agentlightning._http11 import Answer, Http11Pool, TransportFailure
 from agentlightning.store._keys import check_key
+from agentlightning.store._metrics import checked_query, checked_records
 from agentlightning.store.base import (
     IllegalTransitionError,
     LightningStore,
@@ -44,6 +45,8 @@ from agentlightning.types import (
     Attempt,
     AttemptStatus,
     ClaimedRollout,
+    MetricsRecord,
+    MetricsRun,
     Resource,
     ResourcesSnapshot,
     Rollout,
@@ -403,6 +406,31 @@ class LightningStoreClient(LightningStore):
         """All snapshots, oldest first."""
         response = await self._request("GET", "/v1/resources")
         return m.SNAPSHOTS.validate_json(response.content)
+
+    # --- algorithm metrics ---------------------------------------------------------------------------------------
+    async def add_metrics(self, records: Sequence[MetricsRecord]) -> None:
+        """Store per-step metrics (one transaction), replacing records of the same ``(run_id, step)``.
+
+        Retried without an idempotency key, like span ingest: writing a step again stores the same record.
+        """
+        checked_records(records)  # the stores' own errors (NaN, duplicates) before sending, not a 400 on JSON paths
+        sent = list(records)
+        if sent:
+            await self._request("POST", "/v1/metrics", body=b'{"records":' + m.METRICS.dump_json(sent) + b"}")
+
+    async def query_metrics(
+        self, run_id: str | None = None, *, after_step: int | None = None, limit: int | None = None
+    ) -> list[MetricsRecord]:
+        """Metrics records ordered by ``(run_id, step)``; an unknown run has none."""
+        checked_query(run_id, after_step, limit)
+        params = {k: v for k, v in (("run_id", run_id), ("after_step", after_step), ("limit", limit)) if v is not None}
+        response = await self._request("GET", "/v1/metrics", params=params)
+        return m.METRICS.validate_json(response.content)
+
+    async def list_metric_runs(self) -> list[MetricsRun]:
+        """Every run with metrics, the most recently written first."""
+        response = await self._request("GET", "/v1/metrics/runs")
+        return m.METRIC_RUNS.validate_json(response.content)
 
     # --- operations ----------------------------------------------------------------------------------------------
     async def check_timeouts(self, now: int | None = None) -> list[Attempt]:

@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from agentlightning import __version__, _wire as m
 from agentlightning.server._fast_route import FastRoute, OrjsonRoute
+from agentlightning.server._metrics_routes import add_metrics_routes
 from agentlightning.server._middleware import StoreEdgeMiddleware, StoreMetrics
 from agentlightning.server._otlp import add_otlp_route
 from agentlightning.server._otlp_logs import add_otlp_logs_route
@@ -45,7 +46,7 @@ _ERRORS: Final[dict[int | str, dict[str, Any]]] = {
         403: "Wrong bearer token.",
         404: "Unknown rollout, attempt or resources id.",
         409: "Illegal state change.",
-        413: "Body or span count over the server's limit.",
+        413: "Body, span or metrics record count over the server's limit.",
         422: "Body or parameters fail validation.",
     }.items()
 }
@@ -282,6 +283,8 @@ def create_app(
     async def get_resources(resources_id: str) -> Response:
         """A snapshot by id."""
         return _json(m.SNAPSHOT, await store.get_resources(resources_id))
+
+    add_metrics_routes(app, store, max_records=max_spans_per_request)  # /v1/metrics: per-step training metrics
 
     # --- operations ------------------------------------------------------------------------------------------------
     @app.post(f"{v1}/watchdog/check", response_model=list[Attempt], tags=["operations"])

@@ -67,6 +67,15 @@ MIGRATIONS: Final[tuple[tuple[int, str, str], ...]] = (
         CREATE INDEX idempotency_keys_age ON idempotency_keys(create_time)
         """,
     ),
+    (
+        4,
+        "algorithm metrics: one row per (run_id, step), values as JSON; run ids in byte order (see _pg_metrics)",
+        """
+        CREATE TABLE metrics (
+            run_id TEXT COLLATE "C" NOT NULL, step BIGINT NOT NULL, time BIGINT NOT NULL, data BYTEA NOT NULL,
+            PRIMARY KEY (run_id, step))
+        """,
+    ),
 )
 
 SELECT_ROLLOUT: Final = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts"

@@ -72,6 +72,15 @@ MIGRATIONS: Final[tuple[tuple[int, str, str], ...]] = (
         CREATE INDEX idempotency_keys_age ON idempotency_keys(create_time)
         """,
     ),
+    (
+        4,
+        "algorithm metrics: one row per (run_id, step), values as JSON (see _sqlite_metrics)",
+        """
+        CREATE TABLE metrics (
+            run_id TEXT NOT NULL, step INTEGER NOT NULL, time INTEGER NOT NULL, data BLOB NOT NULL,
+            PRIMARY KEY (run_id, step)) WITHOUT ROWID
+        """,
+    ),
 )
 
 ROLLOUT_FIELDS: Final = (

@@ -18,6 +18,8 @@ from agentlightning.types import (
     Attempt,
     AttemptStatus,
     ClaimedRollout,
+    MetricsRecord,
+    MetricsRun,
     Resource,
     ResourcesSnapshot,
     Rollout,
@@ -255,6 +257,31 @@ class LightningStore(ABC):
     @abstractmethod
     async def list_resources(self) -> list[ResourcesSnapshot]:
         """All snapshots, oldest first."""
+
+    # --- algorithm metrics ---------------------------------------------------------------------------------------
+    @abstractmethod
+    async def add_metrics(self, records: Sequence[MetricsRecord]) -> None:
+        """Store per-step metrics of training runs (one transaction); idempotent on ``(run_id, step)``.
+
+        A record of a ``(run_id, step)`` already stored replaces it (a resumed run logs its step again), so a retry
+        acts once with no idempotency key. Refused with a ValueError naming the record, nothing written: a value
+        that is NaN or ±Infinity (stored as JSON, which has none), and two records of one ``(run_id, step)`` in
+        one batch.
+        """
+
+    @abstractmethod
+    async def query_metrics(
+        self, run_id: str | None = None, *, after_step: int | None = None, limit: int | None = None
+    ) -> list[MetricsRecord]:
+        """Metrics records ordered by ``(run_id, step)``: of one run, or of every run when ``run_id`` is None.
+
+        ``after_step`` keeps steps greater than it (page through a run with the last step read); ``limit`` caps
+        the answer. An unknown run has no records: the answer is empty, not an error.
+        """
+
+    @abstractmethod
+    async def list_metric_runs(self) -> list[MetricsRun]:
+        """Every run with metrics, the most recently written first (ties by run id)."""
 
     # --- operations ----------------------------------------------------------------------------------------------
     @abstractmethod

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 from agentlightning.store._keys import KEY_TTL_NS, KeyedOp, check_key, decode, encode, scoped
+from agentlightning.store._metrics import checked_query, checked_records, record_from_row
 from agentlightning.store._statemachine import (
     CLAIMABLE,
     LIVE_ATTEMPT,
@@ -35,6 +36,8 @@ from agentlightning.types import (
     Attempt,
     AttemptStatus,
     ClaimedRollout,
+    MetricsRecord,
+    MetricsRun,
     Resource,
     ResourcesSnapshot,
     Rollout,
@@ -145,6 +148,7 @@ class InMemoryLightningStore(LightningStore):
         self._span_bytes = 0
         self._resources = self._txn.resources
         self._keys: dict[str, tuple[int, bytes]] = {}  # scoped idempotency key -> (time, answer), oldest first
+        self._metrics: dict[str, dict[int, MetricsRecord]] = {}  # run_id -> step -> record
 
     def _keyed(self, op: KeyedOp, key: str | None, now: int, write: Callable[[], T]) -> T:
         """``write()`` once per key (the caller holds the lock); a repeated key gets the first answer back."""
@@ -411,6 +415,45 @@ class InMemoryLightningStore(LightningStore):
         """All snapshots, oldest first."""
         with self._lock:
             return list(self._resources.values())
+
+    # --- algorithm metrics ---------------------------------------------------------------------------------------
+    async def add_metrics(self, records: Sequence[MetricsRecord]) -> None:
+        """Store per-step metrics, replacing records of the same ``(run_id, step)``; all or none."""
+        # Kept as read back from their stored form, so every backend answers the same floats.
+        stored = [record_from_row(row) for row in checked_records(records)]
+        with self._lock:
+            for record in stored:
+                self._metrics.setdefault(record.run_id, {})[record.step] = record
+
+    async def query_metrics(
+        self, run_id: str | None = None, *, after_step: int | None = None, limit: int | None = None
+    ) -> list[MetricsRecord]:
+        """Metrics records in ``(run_id, step)`` order, after ``after_step``, at most ``limit``."""
+        checked_query(run_id, after_step, limit)
+        with self._lock:
+            runs = sorted(self._metrics) if run_id is None else [run_id] if run_id in self._metrics else []
+            found = [
+                record
+                for rid in runs
+                for step, record in sorted(self._metrics[rid].items())
+                if after_step is None or step > after_step
+            ]
+        return [r.model_copy() for r in found[:limit]]
+
+    async def list_metric_runs(self) -> list[MetricsRun]:
+        """Every run with metrics, the most recently written first."""
+        with self._lock:
+            runs = [
+                MetricsRun(
+                    run_id=rid,
+                    steps=len(steps),
+                    first_step=min(steps),
+                    last_step=max(steps),
+                    last_time=max(r.time for r in steps.values()),
+                )
+                for rid, steps in self._metrics.items()
+            ]
+        return sorted(runs, key=lambda run: (-run.last_time, run.run_id))
 
     # --- operations ----------------------------------------------------------------------------------------------
     async def check_timeouts(self, now: int | None = None) -> list[Attempt]:

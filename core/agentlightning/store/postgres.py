@@ -16,10 +16,9 @@ Times come from this process's ``clock`` (nanoseconds), as in every backend: kee
 servers in sync (NTP) when heartbeat timeouts are short. Waiting claims and waits are woken at once by changes made
 through the same store object and see other processes' changes within :data:`POLL_S`.
 
-Schema: versioned in code (:data:`MIGRATIONS`, applied in order under an advisory lock, recorded in
-``schema_version``). Tables live in the first schema of the connection's ``search_path``, so several stores can
-share a database: ``postgresql://host/db?options=-csearch_path%3Dteam_a``.
-"""
+Schema: versioned in code (:data:`MIGRATIONS`, applied in order under an advisory lock, recorded in ``schema_version``).
+Tables live in the first schema of the connection's ``search_path``, so several stores can share a database:
+``postgresql://host/db?options=-csearch_path%3Dteam_a``."""
 
 from __future__ import annotations
 
@@ -39,6 +38,7 @@ except ImportError as exc:  # the extra is missing: say which one
     ) from exc
 
 from agentlightning.store._keys import PRUNE_EVERY_NS
+from agentlightning.store._pg_metrics import PostgresMetricsStore
 from agentlightning.store._pg_pools import LoopPools
 from agentlightning.store._pg_schema import CLAIM_SQL, MIGRATIONS, SELECT_ROLLOUT, TERMINAL_SQL, PrefetchedTxn
 from agentlightning.store._pg_spans import decode_stored_spans, store_spans
@@ -60,7 +60,7 @@ from agentlightning.store._statemachine import (
     span_attempt_keys,
     span_attempt_not_found,
 )
-from agentlightning.store.base import LightningStore, NotFoundError, SortOrder, StoreError, StoreStatistics
+from agentlightning.store.base import NotFoundError, SortOrder, StoreError, StoreStatistics
 from agentlightning.types import (
     ROLLOUT_TERMINAL,
     Attempt,
@@ -85,7 +85,7 @@ _RESOURCES_LOCK: Final = 0x61676C_02
 _OPTIMISTIC_TRIES: Final = 3  # compare-and-set attempts of a one-rollout change before it takes the row lock
 
 
-class PostgresLightningStore(LightningStore):
+class PostgresLightningStore(PostgresMetricsStore):
     """A LightningStore in PostgreSQL: claims with SKIP LOCKED, shared by any number of processes and machines."""
 
     def __init__(

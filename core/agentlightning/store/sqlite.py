@@ -42,6 +42,8 @@ from typing import Any, Final, Literal, TypeVar
 import orjson
 
 from agentlightning.store._keys import KEY_TTL_NS, PRUNE_EVERY_NS, KeyedOp, check_key, decode, encode, scoped
+from agentlightning.store._metrics import checked_query, checked_records
+from agentlightning.store._sqlite_metrics import list_metric_runs, query_metrics, upsert_metrics
 from agentlightning.store._sqlite_schema import MIGRATIONS, SELECT_ROLLOUT, SqliteTxn, rollout_from_row
 from agentlightning.store._sqlite_spans import add_spans, query_spans
 from agentlightning.store._sqlite_writer import GroupCommitWriter, Reading, WalCheckpointer, WriteTransaction
@@ -75,6 +77,8 @@ from agentlightning.types import (
     Attempt,
     AttemptStatus,
     ClaimedRollout,
+    MetricsRecord,
+    MetricsRun,
     Resource,
     ResourcesSnapshot,
     Rollout,
@@ -531,6 +535,26 @@ class SqliteLightningStore(LightningStore):
         with self._read() as conn:
             rows = conn.execute("SELECT data FROM resources ORDER BY version").fetchall()
         return [ResourcesSnapshot.model_validate_json(row[0]) for row in rows]
+
+    # --- algorithm metrics (see _sqlite_metrics) -------------------------------------------------------------------
+    async def add_metrics(self, records: Sequence[MetricsRecord]) -> None:
+        """Store per-step metrics in one transaction, replacing records of the same ``(run_id, step)``."""
+        rows = checked_records(records)
+        if rows:
+            await self._writer.write(lambda: upsert_metrics(self._txn.conn, rows))
+
+    async def query_metrics(
+        self, run_id: str | None = None, *, after_step: int | None = None, limit: int | None = None
+    ) -> list[MetricsRecord]:
+        """Metrics records in ``(run_id, step)`` order, after ``after_step``, at most ``limit``."""
+        checked_query(run_id, after_step, limit)
+        with self._read() as conn:
+            return query_metrics(conn, run_id, after_step, limit)
+
+    async def list_metric_runs(self) -> list[MetricsRun]:
+        """Every run with metrics, the most recently written first."""
+        with self._read() as conn:
+            return list_metric_runs(conn)
 
     # --- operations ----------------------------------------------------------------------------------------------
     async def check_timeouts(self, now: int | None = None) -> list[Attempt]:

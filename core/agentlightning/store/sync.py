@@ -14,6 +14,8 @@ from agentlightning.types import (
     Attempt,
     AttemptStatus,
     ClaimedRollout,
+    MetricsRecord,
+    MetricsRun,
     Resource,
     ResourcesSnapshot,
     Rollout,
@@ -226,6 +228,21 @@ class SyncLightningStore:
     def list_resources(self) -> list[ResourcesSnapshot]:
         """All snapshots, oldest first."""
         return self._call(self.store.list_resources())
+
+    # --- algorithm metrics ---------------------------------------------------------------------------------------
+    def add_metrics(self, records: Sequence[MetricsRecord]) -> None:
+        """Store per-step metrics, replacing records of the same ``(run_id, step)``."""
+        self._call(self.store.add_metrics(records))
+
+    def query_metrics(
+        self, run_id: str | None = None, *, after_step: int | None = None, limit: int | None = None
+    ) -> list[MetricsRecord]:
+        """Metrics records in ``(run_id, step)`` order."""
+        return self._call(self.store.query_metrics(run_id, after_step=after_step, limit=limit))
+
+    def list_metric_runs(self) -> list[MetricsRun]:
+        """Every run with metrics, the most recently written first."""
+        return self._call(self.store.list_metric_runs())
 
     # --- operations ----------------------------------------------------------------------------------------------
     def check_timeouts(self, now: int | None = None) -> list[Attempt]:

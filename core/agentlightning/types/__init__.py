@@ -1,5 +1,6 @@
-"""The one data model used everywhere: spans, rollouts, attempts, resources, transitions."""
+"""The one data model used everywhere: spans, rollouts, attempts, resources, transitions, algorithm metrics."""
 
+from agentlightning.types.metrics import MetricsRecord, MetricsRun
 from agentlightning.types.resources import LLM, PromptTemplate, Resource, ResourcesSnapshot
 from agentlightning.types.rollouts import (
     ATTEMPT_TERMINAL,
@@ -38,6 +39,8 @@ __all__ = [
     "AttributeValue",
     "Attributes",
     "ClaimedRollout",
+    "MetricsRecord",
+    "MetricsRun",
     "PromptTemplate",
     "Resource",
     "ResourcesSnapshot",

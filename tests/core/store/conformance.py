@@ -24,12 +24,13 @@ from agentlightning.store import (
 from agentlightning.types import LLM, ClaimedRollout, PromptTemplate, RolloutConfig, RolloutRequest
 from tests.core.store.conformance_combined import CombinedCallsConformance
 from tests.core.store.conformance_keyed import KeyedCallsConformance
+from tests.core.store.conformance_metrics import MetricsConformance
 from tests.core.store.fakes import NS, FakeClock, make_span, spans_of
 
 __all__ = ["NS", "FakeClock", "StoreConformance", "make_span", "spans_of"]
 
 
-class StoreConformance(CombinedCallsConformance, KeyedCallsConformance):
+class StoreConformance(CombinedCallsConformance, KeyedCallsConformance, MetricsConformance):
     """Behaviours every :class:`LightningStore` backend must pass. Subclass it in a ``test_*.py`` file.
 
     A subclass must provide one fixture::

@@ -26,7 +26,7 @@ from agentlightning.store._pg_pools import _CLOSE_WAIT_S  # pyright: ignore[repo
 from agentlightning.store.postgres import MIGRATIONS, PostgresLightningStore
 from agentlightning.testing.postgres import PostgresCluster
 from agentlightning.tracing import LightningTracer, StoreSpanSink, rollout_context
-from agentlightning.types import RolloutConfig, RolloutRequest
+from agentlightning.types import MetricsRecord, RolloutConfig, RolloutRequest
 from tests.core.store.conformance import FakeClock, StoreConformance, spans_of
 
 
@@ -230,6 +230,8 @@ async def test_a_version_1_database_is_migrated(pg_dsn: str) -> None:
     assert claimed is not None and claimed.rollout.rollout_id == "ro-old" and claimed.rollout.input == "before"
     await store.finish_attempt("ro-old", claimed.attempt.attempt_id, "succeeded")
     assert (await store.get_rollout("ro-old")).status == "succeeded"
+    await store.add_metrics([MetricsRecord(run_id="r", step=0, values={"x": 1.0})])  # the metrics table came too
+    assert [r.values for r in await store.query_metrics("r")] == [{"x": 1.0}]
     await store.close()
 
 

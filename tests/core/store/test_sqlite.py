@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from agentlightning.store import LightningStore, SqliteLightningStore, StoreError, SyncLightningStore
+from agentlightning.store._sqlite_schema import ROLLOUT_COLUMNS, rollout_values
 from agentlightning.store.sqlite import MIGRATIONS
-from agentlightning.types import RolloutRequest
+from agentlightning.types import MetricsRecord, Rollout, RolloutRequest
 from tests.core.store.conformance import FakeClock, StoreConformance, spans_of
 
 CHILD = str(Path(__file__).with_name("_sqlite_child.py"))
@@ -50,6 +51,29 @@ async def test_everything_survives_reopening(tmp_path: Path) -> None:
     assert [s.sequence_id for s in more] == [4, 5]
     assert again.schema_version == MIGRATIONS[-1][0]
     await again.close()
+
+
+async def test_a_version_3_database_gets_the_metrics_table_and_keeps_its_rows(tmp_path: Path) -> None:
+    # A store.db written before algorithm metrics existed (schema version 3) opens, migrates, and keeps its rollouts.
+    db = tmp_path / "v3.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, description TEXT, applied_time INTEGER)")
+    for version, description, statements in MIGRATIONS[:3]:
+        for statement in statements.split(";"):
+            conn.execute(statement)
+        conn.execute("INSERT INTO schema_version VALUES (?, ?, 0)", (version, description))
+    old = Rollout(rollout_id="ro-old", input={"before": True}, enqueue_time=1)
+    conn.execute(f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", rollout_values(old))
+    conn.close()
+
+    store = SqliteLightningStore(db)
+    assert store.schema_version == 4 == MIGRATIONS[-1][0]
+    assert await store.query_rollouts() == [old]
+    await store.add_metrics([MetricsRecord(run_id="r", step=1, values={"reward_mean": 0.5})])
+    await store.close()
+    reopened = SqliteLightningStore(db)  # the migration ran once: reopening neither repeats it nor loses the row
+    assert [(r.run_id, r.step, r.values) for r in await reopened.query_metrics()] == [("r", 1, {"reward_mean": 0.5})]
+    await reopened.close()
 
 
 async def test_closed_store_says_so(tmp_path: Path) -> None:
