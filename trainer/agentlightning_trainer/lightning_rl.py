@@ -36,7 +36,13 @@ from agentlightning_trainer.batches import (
 )
 from agentlightning_trainer.config import LightningRLConfig, PolicySpec
 from agentlightning_trainer.inprocess import as_rng_state, pick_tasks, with_advantages
-from agentlightning_trainer.metrics import MetricsLogger, RunnerUtilisation, StepMetrics, group_summary
+from agentlightning_trainer.metrics import (
+    MetricsLogger,
+    RunnerUtilisation,
+    StepMetrics,
+    group_summary,
+    metrics_run_id,
+)
 from agentlightning_trainer.served_policy import CoHostedProxy, ServedPolicyAlgorithm, store_file
 from agentlightning_trainer.torch_backend.learner import TorchLearner
 
@@ -174,7 +180,10 @@ class LightningRL(ServedPolicyAlgorithm):
     ) -> None:
         """The step loop both backends share: rollouts → transitions → ``update`` → metrics, validation, stop."""
         cfg = self.config
-        metrics = MetricsLogger(cfg.steps, log_dir=cfg.log_dir, show_progress=self.show_progress, console=self.console)
+        metrics = MetricsLogger(
+            cfg.steps, log_dir=cfg.log_dir, show_progress=self.show_progress, console=self.console,
+            store=store, run_id=metrics_run_id(cfg.checkpoint_dir),
+        )  # fmt: skip
         utilisation = RunnerUtilisation()
         pipeline: RolloutPipeline | None = None
         with metrics:
@@ -323,6 +332,7 @@ class LightningRL(ServedPolicyAlgorithm):
             )
             self.history.append(record)
             metrics.log(record)
+            await metrics.log_to_store(record)  # the dashboard's Training view; a store failure only logs
             stop = cfg.stop_at_reward is not None and ema >= cfg.stop_at_reward
             if val_tasks and (step % cfg.val_every == 0 or step == cfg.steps or stop):
                 val = await self._validate(store, val_tasks, proxy)

@@ -1,9 +1,15 @@
-"""Per-step training metrics: a rich progress bar, TensorBoard event files, and MLflow / W&B when installed."""
+"""Per-step training metrics: a rich progress bar, TensorBoard event files, MLflow / W&B when installed, and the
+store the run trains against (for the dashboard's Training view)."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import importlib.util
 import logging
+import math
+import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -12,6 +18,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from agentlightning.store.base import LightningStore
+from agentlightning.types import MetricsRecord
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +122,60 @@ class StepMetrics:
         return out
 
 
+def metrics_record(run_id: str, metrics: StepMetrics, time_ns: int | None = None) -> MetricsRecord:
+    """One step as the store keeps it: the loggers' flat scalars (``staleness/<n>``, ``update/<name>``).
+
+    A value that is not finite (a NaN loss) is left out: the store refuses NaN/Infinity, and a gap in one series is
+    better than losing the step. ``time_ns`` defaults to now.
+    """
+    values = {name: value for name, value in metrics.scalars().items() if math.isfinite(value)}
+    return MetricsRecord(
+        run_id=run_id, step=metrics.step, time=time.time_ns() if time_ns is None else time_ns, values=values
+    )
+
+
+def metrics_run_id(checkpoint_dir: Path | None) -> str:
+    """The run id a training run's metrics are stored under: derived from the checkpoint folder when there is one, so
+    a resumed run keeps its id (and a step logged again replaces its record), else new for every run."""
+    if checkpoint_dir is not None:
+        resolved = checkpoint_dir.resolve()
+        return f"{resolved.name}-{hashlib.sha1(str(resolved).encode()).hexdigest()[:8]}"
+    return f"run-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+class StoreMetricsSink:
+    """Writes each step's metrics to the store, where the dashboard reads them; never stops training.
+
+    A store that refuses or fails the write (down, an older server without ``/v1/metrics``) costs the run its
+    dashboard series, not its training: the first failure is logged as one warning, later ones at debug level.
+    """
+
+    def __init__(self, store: LightningStore, run_id: str, *, timeout_s: float = 30.0) -> None:
+        """Send to ``store`` under ``run_id``; one write may take up to ``timeout_s`` (client retries included)."""
+        self.store = store
+        self.run_id = run_id
+        self.timeout_s = timeout_s
+        self.failures = 0
+
+    async def send(self, metrics: StepMetrics) -> bool:
+        """Store one step's record; False (and a log line) when the store did not take it."""
+        try:
+            record = metrics_record(self.run_id, metrics)
+            await asyncio.wait_for(self.store.add_metrics([record]), self.timeout_s)
+        except Exception as exc:  # the boundary: whatever the store raised, training goes on
+            self.failures += 1
+            if self.failures == 1:
+                logger.warning(
+                    "step %d: metrics not written to the store (%s: %s); training continues, but the dashboard's "
+                    "Training view will miss steps of run %s (further failures are logged at debug level)",
+                    metrics.step, type(exc).__name__, exc, self.run_id,
+                )  # fmt: skip
+            else:
+                logger.debug("step %d: metrics not written to the store: %r", metrics.step, exc)
+            return False
+        return True
+
+
 class RunnerUtilisation:
     """Estimates the runner fleet's idle share from rollouts' claim and end times (the algorithm does not see the
     runners): the fleet size is taken as the most rollouts ever seen running at once."""
@@ -170,9 +233,15 @@ class MetricsLogger:
         show_progress: bool = True,
         run_name: str = "lightning-rl",
         console: Console | None = None,
+        store: LightningStore | None = None,
+        run_id: str | None = None,
     ) -> None:
-        """Open the sinks; MLflow / W&B are used only when installed and configured by their usual env vars."""
+        """Open the sinks; MLflow / W&B are used only when installed and configured by their usual env vars.
+
+        With ``store``, :meth:`log_to_store` writes each step there under ``run_id`` (new when None).
+        """
         self.history: list[StepMetrics] = []
+        self.store_sink = None if store is None else StoreMetricsSink(store, run_id or metrics_run_id(None))
         self.console = console or Console(stderr=True)
         self._writer: Any = None
         if log_dir is not None:
@@ -262,6 +331,11 @@ class MetricsLogger:
                 val="-" if val is None else f"{val:.2f}",
                 update=f", {summary}" if summary else "",
             )
+
+    async def log_to_store(self, metrics: StepMetrics) -> None:
+        """Write one step to the store the logger was given (nothing without one); a failure only logs."""
+        if self.store_sink is not None:
+            await self.store_sink.send(metrics)
 
     def log_validation(self, step: int, reward: float) -> None:
         """Record a validation result (greedy decoding)."""
