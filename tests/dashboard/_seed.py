@@ -11,8 +11,11 @@ from pathlib import Path
 
 from agentlightning import semconv
 from agentlightning.store.sqlite import SqliteLightningStore
-from agentlightning.types import LLM, AttemptStatus, Attributes, PromptTemplate, Span
+from agentlightning.types import LLM, AttemptStatus, Attributes, MetricsRecord, PromptTemplate, Span
 
+TRAINING_RUN = "lightning-rl-seeded"
+TRAINING_STEPS = 12
+DROPPED_AT = (6, 9)  # steps that dropped stale groups
 TRAIN_CURVE = [0.0, 0.2, 0.15, 0.3, 0.35, 0.3, 0.5, 0.45, 0.6, 0.7, 0.65, 0.8]
 VAL_CURVE = [0.2, 0.4, 0.6]
 
@@ -26,6 +29,7 @@ class Seeded:
     running_attempt: str = ""
     retried_rollout: str = ""
     crew_rollout: str = ""
+    training_runs: tuple[str, ...] = ()
     rewarded: int = 0
     total: int = 0
 
@@ -229,7 +233,42 @@ async def seed_store(path: Path) -> Seeded:
     await store.add_spans([m.agent("writer")])
     seeded.running_rollout, seeded.running_attempt = rid, aid
 
+    # 6. Per-step metrics of two LightningRL runs, as the trainer writes them (the newer run is shown first).
+    await store.add_metrics(training_metrics())
+    seeded.training_runs = (TRAINING_RUN, "older-run")
+
     seeded.rewarded = 2 + len(TRAIN_CURVE) + len(VAL_CURVE)  # the failed retry has no reward
     seeded.total = 3 + len(TRAIN_CURVE) + len(VAL_CURVE) + 10
     await store.close()
     return seeded
+
+
+def training_metrics() -> list[MetricsRecord]:
+    """An async run of TRAINING_STEPS steps (staleness 0-2, drops at DROPPED_AT) and an older three-step run."""
+    start = time.time_ns() - 3600 * 10**9
+    records = [
+        MetricsRecord(
+            run_id="older-run", step=s, time=start - 10**12 + s, values={"reward_mean": 0.1 * s, "staleness/0": 8}
+        )
+        for s in (1, 2, 3)
+    ]
+    for step in range(1, TRAINING_STEPS + 1):
+        lagged = min(step - 1, 5)
+        values = {
+            "reward_mean": TRAIN_CURVE[step - 1],
+            "reward_ema": sum(TRAIN_CURVE[:step]) / step,
+            "policy_version": float(step - 1),
+            "rollout_s": 2.0 + 0.1 * step,
+            "update_s": 0.5 + 0.05 * step,
+            "runner_idle_frac": 0.3 - 0.02 * step,
+            "learner_idle_frac": 0.6 - 0.04 * step,
+            "staleness/0": float(16 - lagged),
+            "stale_groups_dropped": 2.0 if step in DROPPED_AT else 0.0,
+            "stale_rollouts_dropped": 8.0 if step in DROPPED_AT else 0.0,
+        }
+        if lagged:
+            values["staleness/1"] = float(lagged - lagged // 3)
+        if lagged >= 3:
+            values["staleness/2"] = float(lagged // 3)
+        records.append(MetricsRecord(run_id=TRAINING_RUN, step=step, time=start + step * 60 * 10**9, values=values))
+    return records

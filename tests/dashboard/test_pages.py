@@ -13,7 +13,15 @@ import pytest
 from agentlightning import semconv
 from agentlightning.server import StoreServer
 from agentlightning.store.memory import InMemoryLightningStore
-from tests.dashboard._seed import TRAIN_CURVE, VAL_CURVE, Seeded
+from tests.dashboard._seed import (
+    DROPPED_AT,
+    TRAIN_CURVE,
+    TRAINING_RUN,
+    TRAINING_STEPS,
+    VAL_CURVE,
+    Seeded,
+    training_metrics,
+)
 from tests.dashboard.conftest import screenshot
 
 expect = pytest.importorskip(
@@ -214,6 +222,40 @@ def test_reward_curve_grows_live(page: Any, seeded_server: tuple[StoreServer, Se
     expect(page.locator(f"circle.pt[data-rollout='{rid}']")).to_have_count(1)
 
 
+def test_training_view_draws_the_trainers_series(page: Any, seeded_server: tuple[StoreServer, Seeded]) -> None:
+    server, seeded = seeded_server
+    _open(page, server, "/training")
+    page.wait_for_selector("section[data-chart=staleness] rect.lag")
+    for series in ("reward_mean", "reward_ema", "runner_idle_frac", "learner_idle_frac", "rollout_s", "update_s"):
+        assert page.locator(f"polyline.line[data-series={series}]").count() == 1, series
+        assert page.locator(f"circle.pt-line[data-series={series}]").count() == TRAINING_STEPS, series
+    # One stacked bar segment per non-empty staleness bucket of every step, in the seeded counts.
+    run = [r for r in training_metrics() if r.run_id == TRAINING_RUN]
+    buckets = [k for r in run for k, v in r.values.items() if k.startswith("staleness/") and v]
+    assert page.locator("rect.lag").count() == len(buckets)
+    assert page.locator("rect.lag[data-step='6'][data-lag='2']").get_attribute("data-count") == "1"
+    marks = page.locator("path.dropped-mark")
+    assert sorted(int(marks.nth(i).get_attribute("data-step")) for i in range(marks.count())) == list(DROPPED_AT)
+    cards = page.locator(".cards").inner_text()
+    assert f"{len(DROPPED_AT) * 2} stale groups dropped" in cards and f"step {TRAINING_STEPS}" in cards
+    screenshot(page, "training")
+
+    options = page.locator("select[name=run] option")
+    assert [options.nth(i).get_attribute("value") for i in range(options.count())] == list(seeded.training_runs)
+    page.select_option("select[name=run]", "older-run")
+    expect(page.locator("circle.pt-line[data-series=reward_mean]")).to_have_count(3)
+    assert "run=older-run" in page.url
+    expect(page.locator("polyline.line[data-series=reward_ema]")).to_have_count(0)  # that run never reported it
+
+
+def test_training_view_says_how_to_get_metrics(page: Any) -> None:
+    with StoreServer(InMemoryLightningStore()) as server:
+        _open(page, server, "/training")
+        empty = page.locator(".empty")
+        expect(empty).to_contain_text("No training metrics in this store yet")
+        assert "Run LightningRL against this store" in empty.inner_text()
+
+
 def test_token_protected_store_asks_for_the_token(page: Any) -> None:
     with StoreServer(InMemoryLightningStore(), token="s3cret") as server:
         page.goto(f"{server.url}/#/rollouts")
@@ -244,6 +286,7 @@ def test_pages_fit_the_width_and_show_the_fixes(
             "curves": ("/curves", "svg.chart polyline.mean"),
             "resources": ("/resources", "section.version"),
             "workers": ("/workers", "table.workers"),
+            "training": ("/training", "section[data-chart=staleness] rect.lag"),
         }
         for name, (route, ready) in routes.items():
             _open(page, server, route)

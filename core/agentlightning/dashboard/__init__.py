@@ -1,4 +1,4 @@
-"""The web dashboard of the store server: rollouts, span trees, resources, reward curves and workers.
+"""The web dashboard of the store server: rollouts, span trees, resources, reward curves, training metrics, workers.
 
 ``create_app`` calls :func:`mount_dashboard`, so every store server serves it at ``/``. The pages are plain HTML,
 CSS and ES modules shipped in this package (``static/``; no Node.js, no build step) that poll read-only JSON

@@ -21,8 +21,10 @@ from agentlightning.dashboard._models import (
     RolloutDetail,
     RolloutPage,
     RolloutRow,
+    TrainingView,
     WorkersPage,
 )
+from agentlightning.dashboard._training import training_view
 from agentlightning.store.base import LightningStore
 from agentlightning.types import Rollout, RolloutMode, RolloutStatus
 
@@ -196,3 +198,10 @@ def add_dashboard_routes(app: FastAPI, store: LightningStore, adapter: TraceAdap
         rows = worker_rows(await cache.digests(rollouts), silent_after_s)
         body = WorkersPage(workers=rows, considered=len(rollouts), silent_after_s=silent_after_s, refresh_s=REFRESH_S)
         return _json(body)
+
+    @app.get(f"{PREFIX}/training", response_model=TrainingView, tags=tags)
+    async def dashboard_training(
+        run_id: str | None = Query(default=None, max_length=256, description="Default: the latest run."),
+    ) -> Response:
+        """A training run's per-step metrics (reward, staleness, idle shares, durations) as its trainer stored them."""
+        return _json(await training_view(store, run_id or None, REFRESH_S))

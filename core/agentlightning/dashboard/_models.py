@@ -234,3 +234,41 @@ class WorkersPage(BaseModel):
     considered: int
     silent_after_s: float
     refresh_s: float
+
+
+class TrainingRun(BaseModel):
+    """A training run with metrics in the store (the run selector's entries)."""
+
+    run_id: str
+    steps: int
+    first_step: int
+    last_step: int
+    last_ms: float = Field(description="When its latest step was written.")
+
+
+class TrainingStep(BaseModel):
+    """The series the Training view draws, at one step; None where the trainer did not report the value."""
+
+    step: int
+    time_ms: float
+    reward_mean: float | None
+    reward_ema: float | None
+    runner_idle_frac: float | None
+    learner_idle_frac: float | None
+    rollout_s: float | None
+    update_s: float | None
+    policy_version: float | None
+    staleness: list[float] = Field(description="Trained transitions by versions behind: index 0 = current policy.")
+    stale_groups_dropped: float
+    stale_rollouts_dropped: float
+
+
+class TrainingView(BaseModel):
+    """One run's per-step metrics as the trainer wrote them to the store, oldest step first."""
+
+    runs: list[TrainingRun] = Field(description="Every run with metrics, the most recently written first.")
+    run_id: str | None = Field(description="The run shown: the one asked for, else the latest; None = no metrics.")
+    steps: list[TrainingStep]
+    earlier: int = Field(description="Earlier steps of the run left out (the view keeps the latest ones).")
+    latest: dict[str, float] = Field(description="Every value of the last step shown, by name.")
+    refresh_s: float

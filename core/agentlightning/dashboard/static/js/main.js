@@ -4,6 +4,7 @@ import * as curves from "./curves.js";
 import * as detail from "./detail.js";
 import * as resources from "./resources.js";
 import * as rollouts from "./rollouts.js";
+import * as training from "./training.js";
 import * as workers from "./workers.js";
 
 const TOKEN_KEY = "agentlightning.token";
@@ -13,6 +14,7 @@ const ROUTES = [
   { pattern: /^\/rollouts\/([^/]+)$/, page: "rollouts", view: detail },
   { pattern: /^\/rollouts$/, page: "rollouts", view: rollouts },
   { pattern: /^\/curves$/, page: "curves", view: curves },
+  { pattern: /^\/training$/, page: "training", view: training },
   { pattern: /^\/resources$/, page: "resources", view: resources },
   { pattern: /^\/workers$/, page: "workers", view: workers },
 ];
