@@ -43,6 +43,7 @@ def test_a_short_run_leaves_one_record_per_step_in_its_store(tool_spec: PolicySp
         # The histogram is flattened: its buckets count the step's trained transitions.
         buckets = {k: v for k, v in record.values.items() if k.startswith("staleness/")}
         assert sum(buckets.values()) == sum(step.staleness.values()) > 0
+        assert list(buckets) == ["staleness/0"]  # the synchronous loop trains only on the current policy's calls
         assert 0.0 <= record.values["learner_idle_frac"] <= 1.0 and 0.0 <= record.values["runner_idle_frac"] <= 1.0
     assert records[0].time < records[1].time < records[2].time
 
