@@ -161,7 +161,8 @@ class StoreMetricsSink:
         """Store one step's record; False (and a log line) when the store did not take it."""
         try:
             record = metrics_record(self.run_id, metrics)
-            await asyncio.wait_for(self.store.add_metrics([record]), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):  # not wait_for: on 3.11 it can swallow a cancel (gh-86296)
+                await self.store.add_metrics([record])
         except Exception as exc:  # the boundary: whatever the store raised, training goes on
             self.failures += 1
             if self.failures == 1:
