@@ -100,3 +100,20 @@ async def test_a_failing_store_costs_one_warning_not_the_run(caplog: pytest.LogC
     assert store.calls == 3 and sink.failures == 3
     healthy = StoreMetricsSink(InMemoryLightningStore(), "run-ok")
     assert await healthy.send(_step(1)) and healthy.failures == 0
+
+
+class _HangingStore(InMemoryLightningStore):
+    """A store whose metrics write never answers (a server that accepted the connection and stalled)."""
+
+    async def add_metrics(self, records: Sequence[MetricsRecord]) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_a_hanging_store_costs_at_most_the_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    sink = StoreMetricsSink(_HangingStore(), "run-h", timeout_s=0.05)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with caplog.at_level(logging.WARNING, logger="agentlightning_trainer.metrics"):
+        assert await sink.send(_step(1)) is False
+    assert loop.time() - started < 2.0
+    assert "TimeoutError" in caplog.records[0].getMessage()
