@@ -350,8 +350,9 @@ async def _claim_waiting(
         remaining = deadline - time.monotonic()
         if claimed is not None or remaining <= 0:
             return claimed
-        try:
-            await asyncio.wait_for(changed.wait(), min(delay, remaining))
+        try:  # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel (gh-86296)
+            async with asyncio.timeout(min(delay, remaining)):
+                await changed.wait()
         except TimeoutError:
             delay = min(delay * 2, _CLAIM_POLL_MAX_S)
         if await request.is_disconnected():

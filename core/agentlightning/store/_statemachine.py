@@ -462,11 +462,14 @@ class ChangeNotifier:
             if self._generation != generation:
                 return
             self._waiters.append(entry)
+        # The timeout resolves the same future. Not asyncio.wait_for: on Python 3.11 it swallows a cancel that lands
+        # as the future resolves (gh-86296), and a waiter polling in a loop then never ends (a trainer's shutdown
+        # hung on its cancelled rollout collector).
+        timer = loop.call_later(max(timeout_s, 0.0), _resolve, future)
         try:
-            await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            pass
+            await future
         finally:
+            timer.cancel()
             with self._lock:
                 if entry in self._waiters:
                     self._waiters.remove(entry)

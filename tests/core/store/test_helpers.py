@@ -93,3 +93,37 @@ def test_sync_facade_context_manager_closes_store() -> None:
         assert sync.check_timeouts(now=rollout.enqueue_time + 10 * NS) == []
         assert sync.statistics().total_rollouts == 1
     assert closed == [True]
+
+
+async def test_a_cancel_that_lands_as_the_change_notifier_fires_is_not_lost() -> None:
+    # On Python 3.11 asyncio.wait_for returned the finished future's result instead of raising the cancel that landed
+    # in the same loop turn; a waiter polling in a loop (the async trainer's rollout collector) then never ended.
+    from agentlightning.store._statemachine import ChangeNotifier
+
+    notifier = ChangeNotifier()
+
+    async def poller() -> None:
+        while True:
+            await notifier.wait(notifier.generation, 10.0)
+
+    task = asyncio.create_task(poller())
+    await asyncio.sleep(0)  # the poller is waiting
+    notifier.notify()
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=2.0)
+    assert done and task.cancelled()
+
+
+async def test_the_change_notifier_wakes_on_notify_and_on_timeout() -> None:
+    from agentlightning.store._statemachine import ChangeNotifier
+
+    notifier = ChangeNotifier()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await notifier.wait(notifier.generation, 0.05)  # nothing happens: returns at the timeout
+    assert 0.04 <= loop.time() - started < 1.0
+    waiter = asyncio.create_task(notifier.wait(notifier.generation, 10.0))
+    await asyncio.sleep(0)
+    notifier.notify()
+    await asyncio.wait_for(waiter, 1.0)  # woken by the notify, long before its timeout
+    await notifier.wait(notifier.generation - 1, 10.0)  # a notify since that generation: returns at once
