@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -300,6 +301,113 @@ def test_async_training_survives_a_runner_killed_mid_step(
             assert len(flat) == len(set(flat))  # each rollout trained exactly once
             by_id = {r.rollout_id: r for r in rollouts}
             assert all(by_id[rid].status == "succeeded" for rid in flat)
+        finally:
+            await store.close()
+
+    asyncio.run(check())
+
+
+# --- the trainer process killed with SIGKILL mid-step, then resumed from its checkpoint -------------------------------
+def _children(pid: int) -> list[int]:
+    """Child process ids of ``pid`` (Linux /proc)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped yet has exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the policy server through Linux /proc")
+def test_an_async_run_killed_mid_step_resumes_from_its_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.trainer._async_trainer_child import config
+
+    path, checkpoints = tmp_path / "store.db", tmp_path / "ckpt"
+    runners = [_spawn_runner(path, "first", tmp_path / "runner1.log")]
+    command = [sys.executable, "-m", "tests.trainer._async_trainer_child", str(path), str(tmp_path / "run1")]
+    with open(tmp_path / "trainer1.log", "ab") as out:
+        victim = subprocess.Popen([*command, str(checkpoints), "6"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+
+    async def unfinished() -> list[str]:
+        store = SqliteLightningStore(path)
+        try:
+            return [r.rollout_id for r in await store.query_rollouts(status=["queuing", "requeuing", "running"])]
+        finally:
+            await store.close()
+
+    async def start_runner_once_cancelled(left: list[str]) -> None:
+        """The fleet comes back only after the new trainer has had its chance to cancel what was left."""
+        try:
+            for _ in range(600):
+                if not set(left) & set(await unfinished()):
+                    break
+                await asyncio.sleep(0.1)
+        finally:  # started even if the cancel never came, so the run ends and the assertions say what went wrong
+            runners.append(_spawn_runner(path, "second", tmp_path / "runner2.log"))
+
+    trained: list[str] = []
+    from agentlightning_trainer.inprocess import with_advantages as original
+
+    def recording(transitions: list[Transition], cfg: LightningRLConfig) -> Any:
+        trained.extend(sorted({t.rollout_id for t in transitions}))
+        return original(transitions, cfg)
+
+    try:
+        while not (checkpoints / "step-000002.pt").exists():  # two steps done, later groups in flight
+            assert victim.poll() is None, (tmp_path / "trainer1.log").read_text()[-3000:]
+            time.sleep(0.05)
+        servers = _children(victim.pid)  # the policy server process
+        # The machine goes down: trainer and runners at once, neither cleans up.
+        os.kill(victim.pid, signal.SIGKILL)
+        os.kill(runners[0].pid, signal.SIGKILL)
+        victim.wait(timeout=30)
+        assert servers, "the trainer started no policy server process"
+        deadline = time.monotonic() + 30
+        while any(_alive(pid) for pid in servers):  # a trainer killed with SIGKILL runs no cleanup of its own
+            assert time.monotonic() < deadline, "the killed trainer's policy server kept running"
+            time.sleep(0.1)
+        latest = max(int(p.stem.split("-")[1]) for p in checkpoints.glob("step-*.pt"))
+        left = asyncio.run(unfinished())
+        assert left, "the killed trainer left no group in flight"
+        monkeypatch.setattr(lightning_rl, "with_advantages", recording)  # a spy: the real function still runs
+        algorithm = LightningRL(config(checkpoints, 6), run_dir=tmp_path / "run2", show_progress=False)
+        trainer = Trainer(algorithm, store=path, role="algorithm", watchdog_interval_s=0.2)
+
+        async def resume() -> None:
+            starter = asyncio.create_task(start_runner_once_cancelled(left))
+            await trainer.fit_async(None, tool_choice.tasks())
+            await starter
+
+        asyncio.run(resume())
+    finally:
+        for process in (victim, *runners):
+            if process.poll() is None:
+                process.terminate()
+            process.wait(timeout=30)
+    assert [m.step for m in algorithm.history] == list(range(latest + 1, 7))  # from the checkpoint, to the end
+    assert algorithm.version == 6
+
+    async def check() -> None:
+        store = SqliteLightningStore(path)
+        try:
+            rollouts = {r.rollout_id: r for r in await store.query_rollouts()}
+            assert all(r.is_terminal for r in rollouts.values()), [r for r in rollouts.values() if not r.is_terminal]
+            # The killed trainer's groups were cancelled by its successor, and none of them was trained.
+            assert {rollouts[rid].status for rid in left} == {"cancelled"}
+            assert not set(left) & set(trained)
+            assert len(trained) == len(set(trained)) and all(rollouts[r].status == "succeeded" for r in trained)
+            for rollout_id in rollouts:
+                attempts = await store.query_attempts(rollout_id)
+                assert sum(a.status == "succeeded" for a in attempts) <= 1, attempts  # never finished twice
         finally:
             await store.close()
 

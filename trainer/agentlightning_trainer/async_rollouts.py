@@ -218,7 +218,7 @@ class RolloutPipeline:
         One waiter for every group in flight: a waiter per group would each re-query the store on every change it
         is notified of (every span and heartbeat), which cost the trainer's process more CPU than the learner had.
         """
-        while True:
+        while not self._closed:  # besides the cancel from close(): a cancel lost in a library must not hang it
             try:
                 await self._collect_once(poll_s)
             except Exception:  # a store hiccup must not strand the learner waiting on groups nobody watches

@@ -187,6 +187,8 @@ class LightningRL(ServedPolicyAlgorithm):
         utilisation = RunnerUtilisation()
         pipeline: RolloutPipeline | None = None
         with metrics:
+            if start_step > 0:
+                await self._cancel_left_over_rollouts(store)
             if val_tasks and start_step == 0:
                 before = await self._validate(store, val_tasks, proxy)
                 self.val_history.append((0, before))
@@ -204,6 +206,19 @@ class LightningRL(ServedPolicyAlgorithm):
                     cancelled = await pipeline.close(cfg.rollout_timeout_s)
                     if cancelled:
                         logger.info("async: %d queued rollouts cancelled at the end of training", len(cancelled))
+
+    async def _cancel_left_over_rollouts(self, store: LightningStore) -> None:
+        """Cancel the rollouts an earlier trainer of this run enqueued and left unfinished (a run resumed after a
+        crash): no learner reads them any more (their groups were issued by weights newer than the checkpoint), and
+        the runners would otherwise spend a step or two on them. A runner inside one sees its result refused."""
+        unfinished = await store.query_rollouts(status=["queuing", "requeuing", "preparing", "running"])
+        left = [
+            r for r in unfinished if r.mode in ("train", "val") and (r.group_id or "").startswith(("train-", "val-"))
+        ]
+        results = await asyncio.gather(*(store.cancel_rollout(r.rollout_id) for r in left), return_exceptions=True)
+        cancelled = sum(1 for result in results if not isinstance(result, BaseException))  # others finished meanwhile
+        if cancelled:
+            logger.warning("resumed: cancelled %d rollouts the previous trainer left unfinished", cancelled)
 
     async def _start_pipeline(
         self, store: LightningStore, train_tasks: Sequence[Any], proxy: ProxyEndpoint, rng: random.Random

@@ -27,13 +27,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -506,6 +507,7 @@ class PolicyServerProcess:
             sys.executable, "-m", "agentlightning_trainer.policy_server",
             "--spec", str(self.spec_file), "--version", str(self.version),
             "--port", str(self.port), "--seed", str(self.seed), "--threads", str(self.threads),
+            "--parent-pid", str(os.getpid()),
         ]  # fmt: skip
         if self.weights is not None:
             cmd += ["--weights", str(self.weights)]
@@ -593,8 +595,9 @@ def _uvicorn_server(app: Any, host: str, port: int) -> Any:
     return _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
 
 
-async def _serve_all(servers: list[Any]) -> None:
-    """Serve every uvicorn server on this loop until SIGTERM/SIGINT, then shut them all down (lifespans run)."""
+async def _serve_all(servers: list[Any], parent_pid: int | None = None) -> None:
+    """Serve every uvicorn server on this loop until SIGTERM/SIGINT (or, with ``parent_pid``, until that process is
+    gone), then shut them all down (lifespans run)."""
     loop = asyncio.get_running_loop()
 
     def stop_all() -> None:
@@ -603,7 +606,22 @@ async def _serve_all(servers: list[Any]) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_all)
-    await asyncio.gather(*(server.serve() for server in servers))
+    watch = asyncio.create_task(_exit_with_parent(parent_pid, stop_all)) if parent_pid is not None else None
+    try:
+        await asyncio.gather(*(server.serve() for server in servers))
+    finally:
+        if watch is not None:
+            watch.cancel()
+
+
+async def _exit_with_parent(parent_pid: int, stop_all: Callable[[], None], poll_s: float = 0.5) -> None:
+    """Stop serving once the trainer that started this process is gone: a trainer killed with SIGKILL runs no
+    cleanup, and its policy server would otherwise hold its port and the model's memory until someone noticed."""
+    # Polled: no event or signal tells a process that its parent died (PR_SET_PDEATHSIG is Linux-only).
+    while os.getppid() == parent_pid:  # noqa: ASYNC110
+        await asyncio.sleep(poll_s)
+    logger.warning("policy server: the trainer process %d is gone; shutting down", parent_pid)
+    stop_all()
 
 
 def _add_proxy(app: FastAPI, store_path: str, upstream: str) -> Any:
@@ -634,6 +652,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--proxy-store", help="also serve the LLM proxy, recording into this SQLite store file")
     parser.add_argument("--proxy-port", type=int, default=4748, help="port of the LLM proxy (with --proxy-store)")
+    parser.add_argument("--parent-pid", type=int, help="exit when this process (the trainer) is gone")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     spec = PolicySpec.model_validate_json(Path(args.spec).read_text())
@@ -649,7 +668,7 @@ def main(argv: list[str] | None = None) -> None:
         proxy_app = _add_proxy(app, args.proxy_store, f"http://127.0.0.1:{args.port}/v1")
         servers.append(_uvicorn_server(proxy_app, "127.0.0.1", args.proxy_port))
         app.state.proxy_server = servers[1]
-    asyncio.run(_serve_all(servers))
+    asyncio.run(_serve_all(servers, args.parent_pid))
 
 
 if __name__ == "__main__":
