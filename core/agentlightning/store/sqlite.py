@@ -434,14 +434,17 @@ class SqliteLightningStore(LightningStore):
         """Rollouts matching every given filter, in enqueue order (or reversed)."""
         where: list[str] = []
         params: list[Any] = []
+        # Given ids, the other filters take a unary "+" so SQLite looks the ids up by key instead of reading every
+        # rollout of a status through its index (which grows with the store; see _all_terminal).
+        plus = "+" if rollout_ids is not None else ""
         if status is not None:
-            where.append(f"status IN ({','.join('?' * len(status))})")
+            where.append(f"{plus}status IN ({','.join('?' * len(status))})")
             params += status
         if mode is not None:
-            where.append("mode = ?")
+            where.append(f"{plus}mode = ?")
             params.append(mode)
         if group_id is not None:
-            where.append("group_id = ?")
+            where.append(f"{plus}group_id = ?")
             params.append(group_id)
         if rollout_ids is not None:
             # json_each keeps any number of ids within SQLite's bound-parameter limit.
@@ -478,9 +481,11 @@ class SqliteLightningStore(LightningStore):
     def _all_terminal(self, ids_json: str, count: int) -> bool:
         """True when all ``count`` distinct rollouts are terminal; counts in SQL so polling parses no rows."""
         with self._read() as conn:
+            # "+status": look the ids up by key. With the status index SQLite read every terminal rollout of the
+            # store (5.4 ms for 384 ids in a 12,672-rollout store, against 0.3 ms), on every poll of every wait.
             row = conn.execute(
                 "SELECT COUNT(*) FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?)) "
-                "AND status IN ('succeeded', 'failed', 'cancelled')",
+                "AND +status IN ('succeeded', 'failed', 'cancelled')",
                 (ids_json,),
             ).fetchone()
         return row[0] == count
