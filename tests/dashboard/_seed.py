@@ -16,6 +16,7 @@ from agentlightning.types import LLM, AttemptStatus, Attributes, MetricsRecord, 
 TRAINING_RUN = "lightning-rl-seeded"
 TRAINING_STEPS = 12
 DROPPED_AT = (6, 9)  # steps that dropped stale groups
+VALIDATED_AT = (4, 8, 12)  # steps with a greedy validation reward
 TRAIN_CURVE = [0.0, 0.2, 0.15, 0.3, 0.35, 0.3, 0.5, 0.45, 0.6, 0.7, 0.65, 0.8]
 VAL_CURVE = [0.2, 0.4, 0.6]
 
@@ -266,6 +267,8 @@ def training_metrics() -> list[MetricsRecord]:
             "stale_groups_dropped": 2.0 if step in DROPPED_AT else 0.0,
             "stale_rollouts_dropped": 8.0 if step in DROPPED_AT else 0.0,
         }
+        if step in VALIDATED_AT:
+            values["val_reward"] = TRAIN_CURVE[step - 1] + 0.05
         if lagged:
             values["staleness/1"] = float(lagged - lagged // 3)
         if lagged >= 3:

@@ -19,6 +19,7 @@ from tests.dashboard._seed import (
     TRAINING_RUN,
     TRAINING_STEPS,
     VAL_CURVE,
+    VALIDATED_AT,
     Seeded,
     training_metrics,
 )
@@ -229,6 +230,11 @@ def test_training_view_draws_the_trainers_series(page: Any, seeded_server: tuple
     for series in ("reward_mean", "reward_ema", "runner_idle_frac", "learner_idle_frac", "rollout_s", "update_s"):
         assert page.locator(f"polyline.line[data-series={series}]").count() == 1, series
         assert page.locator(f"circle.pt-line[data-series={series}]").count() == TRAINING_STEPS, series
+    # Validation is a point at each step that validated (no line between far-apart points is promised).
+    validated = page.locator("circle.pt-line[data-series=val_reward]")
+    assert sorted(int(validated.nth(i).get_attribute("data-step")) for i in range(validated.count())) == list(
+        VALIDATED_AT
+    )
     # One stacked bar segment per non-empty staleness bucket of every step, in the seeded counts.
     run = [r for r in training_metrics() if r.run_id == TRAINING_RUN]
     buckets = [k for r in run for k, v in r.values.items() if k.startswith("staleness/") and v]

@@ -26,9 +26,10 @@ FLOW_KEYS = {"runner_idle_frac", "learner_idle_frac", "stale_groups_dropped", "s
 @pytest.mark.timeout(120)
 def test_a_short_run_leaves_one_record_per_step_in_its_store(tool_spec: PolicySpec, tmp_path: Path) -> None:
     store = InMemoryLightningStore()
-    config = LightningRLConfig(policy=tool_spec, steps=3, tasks_per_step=2, samples_per_task=2, val_every=100, seed=0)
+    config = LightningRLConfig(policy=tool_spec, steps=3, tasks_per_step=2, samples_per_task=2, val_every=2, seed=0)
     algorithm = LightningRL(config, run_dir=tmp_path / "run", show_progress=False)
-    Trainer(algorithm, store=store, n_runners=4).fit(tool_choice_agent, tool_choice.tasks())
+    tasks = tool_choice.tasks()
+    Trainer(algorithm, store=store, n_runners=4).fit(tool_choice_agent, tasks[:8], tasks[8:10])
 
     [run] = asyncio.run(store.list_metric_runs())
     assert (run.steps, run.first_step, run.last_step) == (3, 1, 3)
@@ -46,6 +47,30 @@ def test_a_short_run_leaves_one_record_per_step_in_its_store(tool_spec: PolicySp
         assert list(buckets) == ["staleness/0"]  # the synchronous loop trains only on the current policy's calls
         assert 0.0 <= record.values["learner_idle_frac"] <= 1.0 and 0.0 <= record.values["runner_idle_frac"] <= 1.0
     assert records[0].time < records[1].time < records[2].time
+    # Validated steps (every 2nd, and the last) carry their greedy validation reward; the others none.
+    assert [r.values.get("val_reward") for r in records] == [None, *(v for _, v in algorithm.val_history[1:])]
+    assert [step for step, _ in algorithm.val_history] == [0, 2, 3]
+
+
+@pytest.mark.timeout(120)
+def test_an_async_run_records_its_staleness_buckets(tool_spec: PolicySpec, tmp_path: Path) -> None:
+    store = InMemoryLightningStore()
+    config = LightningRLConfig(
+        policy=tool_spec, steps=4, tasks_per_step=2, samples_per_task=2, val_every=100, seed=0, mode="async",
+        max_staleness=1,
+    )  # fmt: skip
+    algorithm = LightningRL(config, run_dir=tmp_path / "run", show_progress=False)
+    Trainer(algorithm, store=store, n_runners=4).fit(tool_choice_agent, tool_choice.tasks())
+
+    [run] = asyncio.run(store.list_metric_runs())
+    records = asyncio.run(store.query_metrics(run.run_id))
+    assert [r.step for r in records] == [1, 2, 3, 4]
+    for record, step in zip(records, algorithm.history, strict=True):
+        buckets = {int(k.split("/")[1]): v for k, v in record.values.items() if k.startswith("staleness/")}
+        assert buckets == {lag: float(n) for lag, n in step.staleness.items()} and max(buckets) <= 1
+        assert record.values.keys() >= FLOW_KEYS
+    # Two steps of groups are issued up front: the second step trains on samples one version old.
+    assert 1 in {int(k.split("/")[1]) for r in records for k in r.values if k.startswith("staleness/")}
 
 
 def _step(step: int, **changes: object) -> StepMetrics:

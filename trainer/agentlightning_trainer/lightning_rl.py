@@ -347,12 +347,13 @@ class LightningRL(ServedPolicyAlgorithm):
             )
             self.history.append(record)
             metrics.log(record)
-            await metrics.log_to_store(record)  # the dashboard's Training view; a store failure only logs
             stop = cfg.stop_at_reward is not None and ema >= cfg.stop_at_reward
             if val_tasks and (step % cfg.val_every == 0 or step == cfg.steps or stop):
                 val = await self._validate(store, val_tasks, proxy)
                 self.val_history.append((step, val))
                 metrics.log_validation(step, val)
+            # After validation, so the step's record carries its val_reward; a store failure only logs.
+            await metrics.log_to_store(record)
             if on_step_end is not None:
                 await on_step_end(step, ema, rng)
             if stop:

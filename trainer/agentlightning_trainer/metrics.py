@@ -129,6 +129,8 @@ def metrics_record(run_id: str, metrics: StepMetrics, time_ns: int | None = None
     better than losing the step. ``time_ns`` defaults to now.
     """
     values = {name: value for name, value in metrics.scalars().items() if math.isfinite(value)}
+    if metrics.val_reward is not None and math.isfinite(metrics.val_reward):  # validated at this step
+        values["val_reward"] = metrics.val_reward
     return MetricsRecord(
         run_id=run_id, step=metrics.step, time=time.time_ns() if time_ns is None else time_ns, values=values
     )

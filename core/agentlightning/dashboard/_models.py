@@ -253,6 +253,7 @@ class TrainingStep(BaseModel):
     time_ms: float
     reward_mean: float | None
     reward_ema: float | None
+    val_reward: float | None = Field(default=None, description="Greedy validation reward, at steps that validated.")
     runner_idle_frac: float | None
     learner_idle_frac: float | None
     rollout_s: float | None

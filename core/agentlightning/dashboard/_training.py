@@ -38,6 +38,7 @@ def _step(record: MetricsRecord) -> TrainingStep:
         time_ms=record.time / 1e6,
         reward_mean=v.get("reward_mean"),
         reward_ema=v.get("reward_ema"),
+        val_reward=v.get("val_reward"),
         runner_idle_frac=v.get("runner_idle_frac"),
         learner_idle_frac=v.get("learner_idle_frac"),
         rollout_s=v.get("rollout_s"),

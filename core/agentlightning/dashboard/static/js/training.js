@@ -40,9 +40,10 @@ export async function refresh(state, query) {
   replace(state.cards, summaryCards(data));
   replace(
     state.charts,
-    chartCard("Reward per step", "reward", [legendItem("line-reward", "mean"), legendItem("line-ema", "EMA")], lineChart(data.steps, [
+    chartCard("Reward per step", "reward", [legendItem("line-reward", "mean"), legendItem("line-ema", "EMA"), legendItem("line-val", "validation (greedy)")], lineChart(data.steps, [
       { key: "reward_mean", cls: "line-reward", label: "reward mean", fmt: fmtReward },
       { key: "reward_ema", cls: "line-ema", label: "reward EMA", fmt: fmtReward },
+      { key: "val_reward", cls: "line-val", label: "validation reward", fmt: fmtReward },
     ], { title: "reward" })),
     chartCard("Staleness of trained transitions", "staleness", stalenessLegend(data.steps), stalenessChart(data.steps)),
     chartCard("Idle share", "idle", [legendItem("line-runner", "runners idle"), legendItem("line-learner", "learner idle")], lineChart(data.steps, [
