@@ -13,7 +13,8 @@ its args follow). Two loops, median of 3 seeds each:
 loop, 3 seeds each in one run, with the agent's tool taking 0.5 s (a simulated slow tool: the agent sleeps after the
 model's answer, before scoring) and with no latency. Goal: async >= 1.5x faster with the slow tool, no slower without,
 the same final reward. ``--tis-cap 2`` gives the async runs truncated importance sampling (decoupled PPO: the ratio
-from the learner's weights, the served/learner importance weight capped); ``--tools slow|none`` runs one latency.
+from the learner's weights, the served/learner importance weight capped); ``--tools slow|none`` runs one latency;
+``--runners N`` and ``--runner-processes P`` size the runner fleet (both modes alike; default 192 workers, 1 process).
 """
 
 from __future__ import annotations
@@ -145,7 +146,15 @@ class ModeRun:
 
 
 def http_mode(
-    seed: int, max_steps: int, epochs: int, mode: str, slow_tool: bool, max_staleness: int, tis_cap: float | None = None
+    seed: int,
+    max_steps: int,
+    epochs: int,
+    mode: str,
+    slow_tool: bool,
+    max_staleness: int,
+    tis_cap: float | None = None,
+    runners: int = ASYNC_RUNNERS,
+    processes: int = 1,
 ) -> ModeRun:
     """Seconds to reward EMA 0.8 through the full HTTP loop in ``mode``, with or without the slow tool.
 
@@ -162,14 +171,14 @@ def http_mode(
         algorithm = LightningRL(config, run_dir=Path(tmp), show_progress=False)
         with _Meter() as meter:
             command = [sys.executable, "-m", "agentlightning.cli", "runner", "--store", str(store), "--agent", agent]
-            command += ["--workers", str(ASYNC_RUNNERS), "--quiet"]
+            command += ["--workers", str(runners // processes), "--processes", str(processes), "--quiet"]
             root = Path(__file__).resolve().parents[1]
-            runners = subprocess.Popen(command, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            fleet = subprocess.Popen(command, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
             try:
                 Trainer(algorithm, store=store, role="algorithm").fit(None, tool_choice.tasks())
             finally:
-                runners.terminate()
-                runners.wait(timeout=60)
+                fleet.terminate()
+                fleet.wait(timeout=60)
     history = algorithm.history
     reached = next((m.step for m in history if m.reward_ema >= THRESHOLD), None)
     last = history[-5:]
@@ -194,6 +203,8 @@ def compare_modes(
     *,
     tis_cap: float | None = None,
     tools: str = "both",
+    runners: int = ASYNC_RUNNERS,
+    processes: int = 1,
 ) -> None:
     """Sync vs async, with and without the slow tool, every seed; prints a table and the speed-ups."""
     table = Table(title=f"sync vs async LightningRL: wall s to train reward EMA >= {THRESHOLD} (tool choice, HTTP)")
@@ -206,7 +217,8 @@ def compare_modes(
         # Seed by seed, sync then async: load from other work on the machine drifts, and reaches both alike.
         for seed in seeds:
             for mode in ("sync", "async"):
-                r = http_mode(seed, max_steps, epochs, mode, slow, max_staleness, tis_cap if mode == "async" else None)
+                cap = tis_cap if mode == "async" else None
+                r = http_mode(seed, max_steps, epochs, mode, slow, max_staleness, cap, runners, processes)
                 label = mode if mode == "sync" or tis_cap is None else f"async, tis_cap {tis_cap:g}"
                 console.print(
                     f"tool {tool}, {label}, seed {seed}: {r.steps} steps, {r.seconds:.1f} s, final reward "
@@ -262,6 +274,8 @@ def main() -> None:
     parser.add_argument("--max-staleness", type=int, default=1, help="max_staleness of the async runs")
     parser.add_argument("--tis-cap", type=float, default=None, help="tis_cap of the async runs (decoupled PPO)")
     parser.add_argument("--tools", choices=("both", "slow", "none"), default="both", help="tool latencies to run")
+    parser.add_argument("--runners", type=int, default=ASYNC_RUNNERS, help="runner workers of the modes, in all")
+    parser.add_argument("--runner-processes", type=int, default=1, help="runner processes the workers are split over")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
@@ -269,8 +283,9 @@ def main() -> None:
     seeds = [0] if args.quick else [0, 1, 2]
     if args.compare_async:
         compare_modes(
-            seeds, args.max_steps, args.http_epochs, args.max_staleness, console, tis_cap=args.tis_cap, tools=args.tools
-        )
+            seeds, args.max_steps, args.http_epochs, args.max_staleness, console, tis_cap=args.tis_cap,
+            tools=args.tools, runners=args.runners, processes=args.runner_processes,
+        )  # fmt: skip
         return
     loops: dict[str, Callable[[int], Run]] = {}
     if not args.skip_in_process:
