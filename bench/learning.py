@@ -12,8 +12,9 @@ its args follow). Two loops, median of 3 seeds each:
 ``--async`` compares instead LightningRL's ``mode="sync"`` and ``mode="async"`` (issue 28) through the full HTTP
 loop, 3 seeds each in one run, with the agent's tool taking 0.5 s (a simulated slow tool: the agent sleeps after the
 model's answer, before scoring) and with no latency. Goal: async >= 1.5x faster with the slow tool, no slower without,
-the same final reward. ``--tis-cap 2`` gives the async runs truncated importance sampling (decoupled PPO: the ratio
-from the learner's weights, the served/learner importance weight capped); ``--tools slow|none`` runs one latency;
+the same final reward. The async runs use the mode's default ``tis_cap=2.0`` (truncated importance sampling,
+decoupled PPO: the ratio from the learner's weights, the served/learner importance weight capped); ``--tis-cap off``
+turns it off, ``--tis-cap X`` sets another cap; ``--tools slow|none`` runs one latency;
 ``--runners N`` and ``--runner-processes P`` size the runner fleet (both modes alike; default 192 workers, 1 process).
 """
 
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from rich.console import Console
@@ -152,7 +153,7 @@ def http_mode(
     mode: str,
     slow_tool: bool,
     max_staleness: int,
-    tis_cap: float | None = None,
+    tis_cap: float | Literal["off"] | None = None,
     runners: int = ASYNC_RUNNERS,
     processes: int = 1,
 ) -> ModeRun:
@@ -167,7 +168,9 @@ def http_mode(
     )
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         store = Path(tmp) / "store.db"
-        config = _config(seed, max_steps, epochs=epochs, mode=mode, max_staleness=max_staleness, tis_cap=tis_cap)
+        # tis_cap None: the config's default for the mode (2.0 for async); "off": no importance correction.
+        cap = {} if tis_cap is None else {"tis_cap": None if tis_cap == "off" else tis_cap}
+        config = _config(seed, max_steps, epochs=epochs, mode=mode, max_staleness=max_staleness, **cap)
         algorithm = LightningRL(config, run_dir=Path(tmp), show_progress=False)
         with _Meter() as meter:
             command = [sys.executable, "-m", "agentlightning.cli", "runner", "--store", str(store), "--agent", agent]
@@ -201,7 +204,7 @@ def compare_modes(
     max_staleness: int,
     console: Console,
     *,
-    tis_cap: float | None = None,
+    tis_cap: float | Literal["off"] | None = None,
     tools: str = "both",
     runners: int = ASYNC_RUNNERS,
     processes: int = 1,
@@ -219,7 +222,7 @@ def compare_modes(
             for mode in ("sync", "async"):
                 cap = tis_cap if mode == "async" else None
                 r = http_mode(seed, max_steps, epochs, mode, slow, max_staleness, cap, runners, processes)
-                label = mode if mode == "sync" or tis_cap is None else f"async, tis_cap {tis_cap:g}"
+                label = mode if mode == "sync" or tis_cap is None else f"async, tis_cap {tis_cap}"
                 console.print(
                     f"tool {tool}, {label}, seed {seed}: {r.steps} steps, {r.seconds:.1f} s, final reward "
                     f"{r.final_reward:.2f}, {r.dropped} stale groups dropped, runner idle {r.runner_idle:.0%}, "
@@ -242,6 +245,11 @@ def compare_modes(
         label = f"tool {SLOW_TOOL_S} s" if slow else "no tool latency"
         verdict = "met" if speedup >= goal else "NOT met"
         console.print(f"{label}: async is {speedup:.2f}x sync (median wall time); goal >= {goal}x: {verdict}")
+
+
+def _tis_cap(text: str) -> float | Literal["off"]:
+    """``--tis-cap`` value: a cap >= 1, or "off" for none."""
+    return "off" if text == "off" else float(text)
 
 
 def _run(meter: _Meter, history: list[StepMetrics], reached: int | None) -> Run:
@@ -272,7 +280,9 @@ def main() -> None:
     parser.add_argument("--skip-in-process", action="store_true")
     parser.add_argument("--async", dest="compare_async", action="store_true", help="sync vs async LightningRL")
     parser.add_argument("--max-staleness", type=int, default=1, help="max_staleness of the async runs")
-    parser.add_argument("--tis-cap", type=float, default=None, help="tis_cap of the async runs (decoupled PPO)")
+    parser.add_argument(
+        "--tis-cap", type=_tis_cap, default=None, help="tis_cap of the async runs: a number or 'off' (default: 2.0)"
+    )
     parser.add_argument("--tools", choices=("both", "slow", "none"), default="both", help="tool latencies to run")
     parser.add_argument("--runners", type=int, default=ASYNC_RUNNERS, help="runner workers of the modes, in all")
     parser.add_argument("--runner-processes", type=int, default=1, help="runner processes the workers are split over")

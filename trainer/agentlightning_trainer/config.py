@@ -5,13 +5,15 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Final, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Backend = Literal["torch", "verl"]
 AlgorithmName = Literal["grpo", "ppo"]
 LossAggregationName = Literal["token-mean", "rollout-mean"]
+ASYNC_TIS_CAP: Final = 2.0
+"""tis_cap of mode='async' unless given: measured on bench.learning --async (docs/algorithm.md, section 6)."""
 
 
 class PolicySpec(BaseModel):
@@ -153,7 +155,9 @@ class LightningRLConfig(BaseModel):
         "min(exp(recomputed - served logprob), tis_cap), detached, correcting for the serving engine sampling from "
         "other probabilities than the learner computes; the PPO ratio then starts from the learner's recomputed "
         "logprobs (one more forward pass per step). None = off: the ratio starts from the served logprobs. A no-op "
-        "for transitions without served logprobs. The mismatch is logged either way (update/logprob_mismatch).",
+        "for transitions without served logprobs. The mismatch is logged either way (update/logprob_mismatch). "
+        "mode='async' defaults to 2.0 (its samples come from older weights than the learner's; measured to save it "
+        "the extra steps it otherwise needed); pass None there to turn it off.",
     )
     loss_aggregation: LossAggregationName = Field(
         default="token-mean", description="'token-mean' (verl's default) or 'rollout-mean' (each rollout weighs 1)."
@@ -267,6 +271,16 @@ class LightningRLConfig(BaseModel):
         "(async/stale_groups_dropped). At most (max_staleness + 1) x tasks_per_step groups are in flight. 0 = no "
         "overlap (the synchronous schedule).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _async_defaults(cls, data: Any) -> Any:
+        """mode='async' turns truncated importance sampling on unless tis_cap is given (docs/algorithm.md §6)."""
+        if isinstance(data, dict):
+            given = cast("dict[str, Any]", data)
+            if given.get("mode") == "async" and "tis_cap" not in given:
+                return {**given, "tis_cap": ASYNC_TIS_CAP}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> LightningRLConfig:

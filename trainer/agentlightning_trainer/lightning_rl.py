@@ -81,7 +81,12 @@ class LightningRL(ServedPolicyAlgorithm):
         the published weights and the policy server's log (a temporary directory when None).
         """
         base = config or LightningRLConfig()
-        self.config = LightningRLConfig.model_validate({**base.model_dump(), **overrides}) if overrides else base
+        # Only the fields base was given: a default that depends on another field (tis_cap on mode) follows overrides.
+        self.config = (
+            LightningRLConfig.model_validate({**base.model_dump(exclude_unset=True), **overrides})
+            if overrides
+            else base
+        )
         if self.config.adapter_per_agent:  # the served policy carries one set of weights per named agent
             spec = self.config.policy.model_copy(update={"adapters": self.config.agent_names})
             self.config = self.config.model_copy(update={"policy": PolicySpec.model_validate(spec.model_dump())})
