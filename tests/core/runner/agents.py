@@ -80,6 +80,26 @@ def fail_setup() -> None:
     raise RuntimeError("this setup step fails on purpose")
 
 
+def dump_stacks_on_sigusr1() -> None:
+    """Runner setup (and the fit script's first line): SIGUSR1 prints every thread's stack and every asyncio task's
+    stack of the main thread's running loop, so a hang is legible."""
+    import faulthandler
+    import signal
+    import sys
+
+    def print_tasks(signum: int, frame: object) -> None:
+        try:
+            tasks = asyncio.all_tasks(asyncio.get_running_loop())
+        except RuntimeError:  # no loop running on the main thread
+            return
+        for task in tasks:
+            print(f"asyncio task {task.get_name()}:", file=sys.stderr)
+            task.print_stack(file=sys.stderr)
+
+    signal.signal(signal.SIGUSR1, print_tasks)
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
+
+
 @rollout
 async def reporting(task: dict[str, Any]) -> float:
     """Say which process ran the rollout and whether its setup ran, after ``task["sleep"]`` seconds."""
