@@ -127,12 +127,16 @@ def test_the_stop_flag_is_set_by_the_event_or_when_the_parent_is_gone() -> None:
 
 
 _INTERRUPTED_FIT = """
+import signal
 import sys
 from agentlightning.algorithms import BaselineAlgorithm
 from agentlightning.trainer import Trainer
 from tests.core.runner.agents import dump_stacks_on_sigusr1, reporting
 
 if __name__ == "__main__":
+    # A terminal's command gets ^C; one started from a non-interactive shell's background job (`nohup make test &`)
+    # inherits SIGINT ignored, and Python then keeps ignoring it: the fit never saw the ^C (a clean-clone run).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     dump_stacks_on_sigusr1()
     trainer = Trainer(
         BaselineAlgorithm(), store=sys.argv[1], n_runners=2, runner_processes=2, runner_setup=[dump_stacks_on_sigusr1]
@@ -168,8 +172,8 @@ def test_ctrl_c_stops_the_trainer_and_its_runner_processes(tmp_path: Path) -> No
         try:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            # Seen once in CI (2026-12-06), never in 80 tries here: every process of the group prints its threads'
-            # stacks (faulthandler on SIGUSR1), so the failure says where the fit was stuck.
+            # Every process of the group prints its threads' and asyncio tasks' stacks (SIGUSR1), so the failure
+            # says where the fit was stuck (how the inherited ignored SIGINT above was found).
             os.killpg(process.pid, signal.SIGUSR1)
             time.sleep(2)
             raise AssertionError(f"the fit did not stop within 60 s of ^C:\n{log.read_text()}") from None
