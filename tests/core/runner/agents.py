@@ -81,7 +81,7 @@ def fail_setup() -> None:
 
 
 def dump_stacks_on_sigusr1() -> None:
-    """Runner setup (and the fit script's first line): SIGUSR1 prints every thread's stack and every asyncio task's
+    """Runner setup (and a step of the fit script's main): SIGUSR1 prints every thread's stack and every asyncio task's
     stack of the main thread's running loop, so a hang is legible."""
     import faulthandler
     import signal

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from rich.console import Console
@@ -147,6 +147,15 @@ if __name__ == "__main__":
 """
 
 
+def _fail_with_stacks(group: int, log: Path, why: str) -> NoReturn:
+    """Fail with the threads' and asyncio tasks' stacks every process of ``group`` writes to ``log`` on SIGUSR1
+    (``agents.dump_stacks_on_sigusr1``: how the inherited ignored SIGINT above was found), then kill the group."""
+    os.killpg(group, signal.SIGUSR1)
+    time.sleep(2)
+    os.killpg(group, signal.SIGKILL)
+    raise AssertionError(f"{why}:\n{log.read_text()}")
+
+
 def test_ctrl_c_stops_the_trainer_and_its_runner_processes(tmp_path: Path) -> None:
     """^C reaches the whole process group: the fit stops, and no runner process is left behind."""
     script = tmp_path / "fit.py"
@@ -172,11 +181,7 @@ def test_ctrl_c_stops_the_trainer_and_its_runner_processes(tmp_path: Path) -> No
         try:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            # Every process of the group prints its threads' and asyncio tasks' stacks (SIGUSR1), so the failure
-            # says where the fit was stuck (how the inherited ignored SIGINT above was found).
-            os.killpg(process.pid, signal.SIGUSR1)
-            time.sleep(2)
-            raise AssertionError(f"the fit did not stop within 60 s of ^C:\n{log.read_text()}") from None
+            _fail_with_stacks(process.pid, log, "the fit did not stop within 60 s of ^C")
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
@@ -188,10 +193,7 @@ def test_ctrl_c_stops_the_trainer_and_its_runner_processes(tmp_path: Path) -> No
         except ProcessLookupError:
             break
         if time.monotonic() > deadline:
-            os.killpg(process.pid, signal.SIGUSR1)  # the stacks of what is left, as above
-            time.sleep(2)
-            os.killpg(process.pid, signal.SIGKILL)
-            raise AssertionError(f"a process outlived the interrupted fit by 15 s:\n{log.read_text()}")
+            _fail_with_stacks(process.pid, log, "a process outlived the interrupted fit by 15 s")
         time.sleep(0.2)
     output = log.read_text()
     assert "KeyboardInterrupt" in output
