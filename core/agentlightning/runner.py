@@ -7,14 +7,14 @@ while heartbeating, emits the returned reward as a reward span, flushes the trac
 attempt together with its last spans — so an algorithm that sees a rollout succeed reads all of its spans. Claims
 start the attempt in the same call (``claim_and_start``); against a remote store the attempt's spans are held and
 sent with its heartbeats and its finish (:mod:`agentlightning._held_spans`): two requests per short rollout.
-Sync agents run on their own daemon thread each, so they neither block the loop nor keep a stopped process alive
-when they hang. Agent errors fail the attempt (``"<ExceptionType>: <message>"``) and the worker moves on.
+Sync agents run on reused daemon threads (:mod:`agentlightning._agent_threads`), so they neither block the loop nor
+keep a stopped process alive when they hang. Agent errors fail the attempt (``"<ExceptionType>: <message>"``) and
+the worker moves on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import inspect
 import logging
 import os
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from agentlightning._agent_threads import call_in_thread
 from agentlightning._held_spans import HeldSpanSink
 from agentlightning.agent import LitAgent, as_agent, normalize_reward
 from agentlightning.extras import flush_loaded_integrations
@@ -82,38 +83,6 @@ def describe_exception(exc: BaseException) -> str:
 def default_worker_prefix() -> str:
     """``<host>-<pid>``: unique per process on a machine, readable in ``agl rollouts``."""
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-async def _call_in_thread(function: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Any:
-    """Run a sync agent on a fresh daemon thread with the caller's context (so the rollout context follows it).
-
-    Not ``asyncio.to_thread``: the default executor's threads are joined at interpreter exit, so one agent hanging
-    past its timeout would keep a stopped runner process alive forever.
-    """
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
-    context = contextvars.copy_context()
-
-    def settle(ok: bool, value: Any) -> None:
-        if future.done():  # timed out and cancelled meanwhile
-            return
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-
-    def target() -> None:
-        try:
-            outcome: tuple[bool, Any] = (True, context.run(function, *args, **kwargs))
-        except BaseException as exc:  # handed to the awaiting worker, which records it on the attempt
-            outcome = (False, exc)
-        try:
-            loop.call_soon_threadsafe(settle, *outcome)
-        except RuntimeError:  # the loop is gone: the attempt timed out long ago and nobody waits for this result
-            logger.debug("agent %r returned after its runner's event loop closed", function)
-
-    threading.Thread(target=target, name="agl-agent", daemon=True).start()
-    return await future
 
 
 async def _ended(task: asyncio.Task[None]) -> None:
@@ -445,7 +414,7 @@ class Runner:
         function = self.agent.entrypoint()
         if self.agent.is_async:
             return await function(*args, **kwargs)
-        result = await _call_in_thread(function, args, kwargs)
+        result = await call_in_thread(function, args, kwargs)
         if inspect.isawaitable(result):  # a sync callable that returns a coroutine (e.g. a partial of async def)
             return await result
         return result
