@@ -36,7 +36,7 @@ async def ten_spans(task: int) -> float:
 
 @rollout
 def ten_spans_sync(task: int) -> float:
-    """The sync twin (runs on a thread per rollout)."""
+    """The sync twin (runs on a pooled daemon thread)."""
     for step in range(SPANS_PER_ROLLOUT - 1):
         emit_message(f"step {step} of task {task}")
     return 1.0

@@ -15,6 +15,7 @@ the worker moves on.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import logging
 import os
@@ -88,6 +89,34 @@ def default_worker_prefix() -> str:
 async def _ended(task: asyncio.Task[None]) -> None:
     """Wait until a cancelled task has run its cleanup (``asyncio.wait`` does not raise the task's outcome)."""
     await asyncio.wait([task])
+
+
+class _Sleepers:
+    """Idle workers waiting to be told that work was found; FIFO, so the longest idle goes first."""
+
+    def __init__(self) -> None:
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def sleep(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for :meth:`wake`; True when woken."""
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(woken)
+        try:
+            # asyncio.wait, not a timeout: it never cancels the future, so a wake landing with the timeout counts.
+            await asyncio.wait([woken], timeout=timeout_s)
+        finally:
+            if not woken.done():
+                self._waiting.remove(woken)
+                woken.cancel()
+        return not woken.cancelled()
+
+    def wake(self, n: int) -> None:
+        """Wake up to ``n`` sleepers."""
+        while n > 0 and self._waiting:
+            woken = self._waiting.popleft()
+            if not woken.done():
+                woken.set_result(None)
+                n -= 1
 
 
 # Process-wide tracers installed by runners: id(tracer) -> (the store it writes to, runners using it, its sink when
@@ -186,6 +215,7 @@ class Runner:
         self._resources: dict[str, ResourcesSnapshot] = {}
         self._budget: int | None = None
         self._claim_gate: asyncio.Lock | None = None
+        self._sleepers: _Sleepers | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -200,6 +230,7 @@ class Runner:
         self.gave_up = None
         self._budget = max_rollouts
         self._claim_gate = asyncio.Lock()
+        self._sleepers = _Sleepers()
         self._flusher = _Flusher(self._start_tracing(), self.flush_timeout_s)
         workers = [
             asyncio.create_task(self._work(f"{self.worker_prefix}-w{i}", stop_event), name=f"agl-worker-{i}")
@@ -331,19 +362,35 @@ class Runner:
             self._store_down_since = None
 
     async def _claim(self, worker_id: str, stop_event: _Flag | None) -> ClaimedRollout | None:
-        """Claim one rollout: at once if one is waiting, else wait for one, one idle worker at a time.
-
-        Idle workers take turns at the gate because every waiting claim polls (a local store re-checks on every
-        change and every 20 ms): 48 idle workers each polling cost thousands of queries a second on the event loop,
-        while the learner updates in the same process (bench/learning.py). Claims while work is queued don't wait.
-        """
+        """Claim one rollout: at once if one is waiting, else wait for one (:meth:`_claim_when_idle`)."""
         claimed = await self.store.claim_and_start(worker_id)
-        if claimed is not None or self._claim_gate is None:
-            return claimed
-        async with self._claim_gate:
-            if self._stopping(stop_event):
-                return None
-            return await self.store.claim_and_start(worker_id, timeout_s=self.poll_interval_s)
+        if claimed is None and self._claim_gate is not None:
+            claimed = await self._claim_when_idle(worker_id, stop_event)
+        if claimed is not None and self._sleepers is not None:
+            # Work was queued, so more may be: two sleeping workers try at once, and each that claims wakes two
+            # more. A burst of N rollouts is claimed in ~log2(N) rounds of concurrent claims, which a local store
+            # commits together, instead of one claim at a time.
+            self._sleepers.wake(2)
+        return claimed
+
+    async def _claim_when_idle(self, worker_id: str, stop_event: _Flag | None) -> ClaimedRollout | None:
+        """One idle worker polls the store; the others sleep until a claim succeeds somewhere (or a poll interval
+        passes, so a free gate finds a new poller and a stop is seen).
+
+        Idle workers do not all poll because every waiting claim polls (a local store re-checks on every change
+        and every 20 ms): 48 idle workers each polling cost thousands of queries a second on the event loop, while
+        the learner updates in the same process (bench/learning.py).
+        """
+        assert self._claim_gate is not None and self._sleepers is not None
+        while not self._stopping(stop_event):
+            if not self._claim_gate.locked():
+                async with self._claim_gate:
+                    if self._stopping(stop_event):
+                        return None
+                    return await self.store.claim_and_start(worker_id, timeout_s=self.poll_interval_s)
+            if await self._sleepers.sleep(self.poll_interval_s):
+                return await self.store.claim_and_start(worker_id)
+        return None
 
     async def run_attempt(self, claimed: ClaimedRollout, worker_id: str) -> AttemptOutcome:
         """Run one claimed attempt (started already, or still preparing) to its end and record the outcome."""
