@@ -19,7 +19,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_Job = Callable[[], None]
+_Job = Callable[[], object]  # its result is dropped
 
 
 class DaemonThreads:

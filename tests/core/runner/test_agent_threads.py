@@ -28,7 +28,7 @@ def test_sequential_jobs_reuse_one_thread() -> None:
     seen: list[int] = []
     for _ in range(20):
         done = threading.Event()
-        pool.submit(lambda: (seen.append(threading.get_ident()), done.set()))
+        pool.submit(lambda done=done: (seen.append(threading.get_ident()), done.set()))
         assert done.wait(5.0)
         _wait_until(lambda: pool._idle == 1)  # pyright: ignore[reportPrivateUsage]  # back in the pool before the next
     assert len(set(seen)) == 1

@@ -203,7 +203,7 @@ async def test_idle_workers_take_turns_waiting_for_work() -> None:
     store = _WaitCountingStore()
     runner = Runner(counting, store, n_workers=8, poll_interval_s=0.05)
     task = asyncio.create_task(runner.run())
-    await asyncio.sleep(0.3)  # every worker is idle: one waits in the store, the others at the runner's gate
+    await asyncio.sleep(0.3)  # every worker is idle: one waits in the store, the others sleep in the runner
     await enqueue_counting(store, 20)
     ids = [r.rollout_id for r in await store.query_rollouts()]
     assert len(await store.wait_for_rollouts(ids, timeout_s=10)) == 20
@@ -212,6 +212,50 @@ async def test_idle_workers_take_turns_waiting_for_work() -> None:
     assert stats.succeeded == 20
     assert store.most_waiting == 1
     await assert_each_finished_once(store, 20)
+
+
+class _RoundTripStore(InMemoryLightningStore):
+    """A memory store whose claims take a round trip, as a remote store's do; records how many claims overlapped
+    until ``burst`` rollouts were claimed."""
+
+    def __init__(self, burst: int) -> None:
+        super().__init__()
+        self.burst = burst
+        self.claimed = 0
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def claim_and_start(self, worker_id: str | None = None, *, timeout_s: float | None = None) -> Any:
+        if timeout_s is not None:  # the one idle poller
+            claimed = await super().claim_and_start(worker_id, timeout_s=timeout_s)
+        else:
+            self.in_flight += 1
+            if self.claimed < self.burst:
+                self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            try:
+                await asyncio.sleep(0.01)
+                claimed = await super().claim_and_start(worker_id)
+            finally:
+                self.in_flight -= 1
+        self.claimed += claimed is not None
+        return claimed
+
+
+async def test_a_burst_is_claimed_by_idle_workers_at_once_not_one_by_one() -> None:
+    store = _RoundTripStore(burst=32)
+    runner = Runner(sleepy_sync, store, n_workers=32, poll_interval_s=0.05)
+    task = asyncio.create_task(runner.run())
+    await asyncio.sleep(0.3)  # all 32 idle: one polls, 31 sleep
+    store.most_in_flight = 0
+    await store.enqueue_rollouts([RolloutRequest(input={"sleep": 0.2}) for _ in range(32)])
+    ids = [r.rollout_id for r in await store.query_rollouts()]
+    assert len(await store.wait_for_rollouts(ids, timeout_s=20)) == 32
+    runner.stop()
+    stats = await asyncio.wait_for(task, 5)
+    assert stats.succeeded == 32
+    # Each claim that succeeds wakes two sleepers, so the burst's claims overlap in doubling rounds; through the
+    # idle gate they went one at a time (at most 1 in flight until all 32 were claimed).
+    assert store.most_in_flight >= 8
 
 
 class _FlakyStore(InMemoryLightningStore):
