@@ -369,7 +369,8 @@ class Runner:
         if claimed is not None and self._sleepers is not None:
             # Work was queued, so more may be: two sleeping workers try at once, and each that claims wakes two
             # more. A burst of N rollouts is claimed in ~log2(N) rounds of concurrent claims, which a local store
-            # commits together, instead of one claim at a time.
+            # commits together, instead of one claim at a time; when the queue runs dry, each claimed rollout costs
+            # at most two claims that find nothing.
             self._sleepers.wake(2)
         return claimed
 
