@@ -91,10 +91,12 @@ async def _ended(task: asyncio.Task[None]) -> None:
     await asyncio.wait([task])
 
 
-class _Sleepers:
-    """Idle workers waiting to be told that work was found; FIFO, so the longest idle goes first."""
+class _IdleWorkers:
+    """The runner's idle workers: the one polling the store holds ``gate``; the others sleep until told that work
+    was found (FIFO, so the longest idle goes first)."""
 
     def __init__(self) -> None:
+        self.gate = asyncio.Lock()
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
 
     async def sleep(self, timeout_s: float) -> bool:
@@ -214,8 +216,7 @@ class Runner:
         self._stop = threading.Event()  # threading, not asyncio: stop() may come from a signal handler or thread
         self._resources: dict[str, ResourcesSnapshot] = {}
         self._budget: int | None = None
-        self._claim_gate: asyncio.Lock | None = None
-        self._sleepers: _Sleepers | None = None
+        self._idle: _IdleWorkers | None = None  # set by run()
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -229,8 +230,7 @@ class Runner:
         self._stop.clear()
         self.gave_up = None
         self._budget = max_rollouts
-        self._claim_gate = asyncio.Lock()
-        self._sleepers = _Sleepers()
+        self._idle = _IdleWorkers()
         self._flusher = _Flusher(self._start_tracing(), self.flush_timeout_s)
         workers = [
             asyncio.create_task(self._work(f"{self.worker_prefix}-w{i}", stop_event), name=f"agl-worker-{i}")
@@ -364,17 +364,21 @@ class Runner:
     async def _claim(self, worker_id: str, stop_event: _Flag | None) -> ClaimedRollout | None:
         """Claim one rollout: at once if one is waiting, else wait for one (:meth:`_claim_when_idle`)."""
         claimed = await self.store.claim_and_start(worker_id)
-        if claimed is None and self._claim_gate is not None:
-            claimed = await self._claim_when_idle(worker_id, stop_event)
-        if claimed is not None and self._sleepers is not None:
+        if self._idle is None:
+            return claimed
+        if claimed is None:
+            claimed = await self._claim_when_idle(self._idle, worker_id, stop_event)
+        if claimed is not None:
             # Work was queued, so more may be: two sleeping workers try at once, and each that claims wakes two
             # more. A burst of N rollouts is claimed in ~log2(N) rounds of concurrent claims, which a local store
             # commits together, instead of one claim at a time; when the queue runs dry, each claimed rollout costs
             # at most two claims that find nothing.
-            self._sleepers.wake(2)
+            self._idle.wake(2)
         return claimed
 
-    async def _claim_when_idle(self, worker_id: str, stop_event: _Flag | None) -> ClaimedRollout | None:
+    async def _claim_when_idle(
+        self, idle: _IdleWorkers, worker_id: str, stop_event: _Flag | None
+    ) -> ClaimedRollout | None:
         """One idle worker polls the store; the others sleep until a claim succeeds somewhere (or a poll interval
         passes, so a free gate finds a new poller and a stop is seen).
 
@@ -382,14 +386,13 @@ class Runner:
         and every 20 ms): 48 idle workers each polling cost thousands of queries a second on the event loop, while
         the learner updates in the same process (bench/learning.py).
         """
-        assert self._claim_gate is not None and self._sleepers is not None
         while not self._stopping(stop_event):
-            if not self._claim_gate.locked():
-                async with self._claim_gate:
+            if not idle.gate.locked():
+                async with idle.gate:
                     if self._stopping(stop_event):
                         return None
                     return await self.store.claim_and_start(worker_id, timeout_s=self.poll_interval_s)
-            if await self._sleepers.sleep(self.poll_interval_s):
+            if await idle.sleep(self.poll_interval_s):
                 return await self.store.claim_and_start(worker_id)
         return None
 
