@@ -54,14 +54,16 @@ class DaemonThreads:
                 self._threads += 1
             else:
                 self._idle -= 1
-        self._jobs.put(job)
         if spawn:
+            # Started before its job is queued: a thread that cannot be started leaves no job behind for which no
+            # thread is counted (the new thread waits for a job without a timeout).
             try:
                 threading.Thread(target=self._serve, name=self.name, daemon=True).start()
             except BaseException:
                 with self._lock:
                     self._threads -= 1
                 raise
+        self._jobs.put(job)
 
     def _serve(self) -> None:
         owed = True  # a submit put a job for this thread

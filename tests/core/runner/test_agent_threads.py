@@ -138,3 +138,22 @@ def test_a_hung_agent_does_not_keep_the_process_alive() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "timed out"
     assert time.monotonic() - started < 30
+
+
+def test_a_thread_that_cannot_start_queues_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = DaemonThreads(idle_s=5.0)
+    ran: list[str] = []
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(threading.Thread, "start", refuse)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            pool.submit(lambda: ran.append("refused"))
+    assert pool.threads == 0
+    done = threading.Event()
+    pool.submit(lambda: (ran.append("second"), done.set()))
+    assert done.wait(5.0)
+    time.sleep(0.1)
+    assert ran == ["second"]  # the refused job was never queued, so no later thread ran it
