@@ -157,3 +157,23 @@ def test_a_thread_that_cannot_start_queues_nothing(monkeypatch: pytest.MonkeyPat
     assert done.wait(5.0)
     time.sleep(0.1)
     assert ran == ["second"]  # the refused job was never queued, so no later thread ran it
+
+
+async def test_call_in_thread_gives_what_asyncio_to_thread_gives() -> None:
+    # The library's way (asyncio.to_thread: the caller's context, the value or the exception) is the reference; the
+    # pool differs only in that its threads are daemons, reused.
+    _who.set("rollout-9")
+
+    def agent(x: int) -> tuple[str, int]:
+        if x < 0:
+            raise KeyError(x)
+        return _who.get(), x * 2
+
+    for x in (3, 0):
+        assert await call_in_thread(agent, [x], {}) == await asyncio.to_thread(agent, x)
+    errors: list[BaseException] = []
+    for call in (call_in_thread(agent, [-1], {}), asyncio.to_thread(agent, -1)):
+        with pytest.raises(KeyError) as caught:
+            await call
+        errors.append(caught.value)
+    assert [type(e) for e in errors] == [KeyError, KeyError] and errors[0].args == errors[1].args
