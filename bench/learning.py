@@ -16,11 +16,15 @@ the same final reward. The async runs use the mode's default ``tis_cap=2.0`` (tr
 decoupled PPO: the ratio from the learner's weights, the served/learner importance weight capped); ``--tis-cap off``
 turns it off, ``--tis-cap X`` sets another cap; ``--tools slow|none`` runs one latency;
 ``--runners N`` and ``--runner-processes P`` size the runner fleet (both modes alike; default 192 workers, 1 process).
+``--agent http`` makes the agent's chat call over plain ``http.client`` instead of the OpenAI SDK, whose client code
+is most of the runner process's CPU here.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import logging
 import os
 import resource
@@ -28,11 +32,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import torch
 from rich.console import Console
@@ -59,6 +65,54 @@ def slow_tool_agent(task: dict[str, Any], llm: LLM) -> float:
     """The quickstart agent, whose chosen tool then takes SLOW_TOOL_S to answer before the reward is known."""
     reward = float(tool_choice_agent(task, llm))  # a @rollout function called directly is the plain function
     time.sleep(SLOW_TOOL_S)  # the tool call: the runner waits, the CPU does not
+    return reward
+
+
+_THREAD = threading.local()
+
+
+def _chat_over_http(task: dict[str, Any], llm: LLM) -> str:
+    """The quickstart agent's chat call over one keep-alive ``http.client`` connection per runner thread."""
+    url = urlsplit(llm.base_url)
+    body = {
+        "model": llm.model,
+        "messages": tool_choice.messages(task),
+        "temperature": llm.sampling.get("temperature", 1.0),
+        "max_tokens": llm.sampling.get("max_tokens", 8),
+    }
+    conn: http.client.HTTPConnection | None = getattr(_THREAD, "conn", None)
+    reused = conn is not None and (conn.host, conn.port) == (url.hostname, url.port)
+    if conn is None or not reused:
+        conn = _THREAD.conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=120)
+    headers = {"content-type": "application/json"}
+    try:
+        conn.request("POST", f"{url.path.rstrip('/')}/chat/completions", json.dumps(body), headers)
+        response = conn.getresponse()
+    except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+        if not reused:
+            raise
+        # The server closed the idle keep-alive connection before it read the request: send it on a new one.
+        conn.close()
+        conn = _THREAD.conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=120)
+        conn.request("POST", f"{url.path.rstrip('/')}/chat/completions", json.dumps(body), headers)
+        response = conn.getresponse()
+    answer = json.loads(response.read())
+    if response.status != 200:
+        raise RuntimeError(f"chat call failed with {response.status}: {answer}")
+    return answer["choices"][0]["message"]["content"] or ""
+
+
+@rollout
+def http_agent(task: dict[str, Any], llm: LLM) -> float:
+    """The quickstart agent with its chat call made over plain HTTP instead of the OpenAI SDK (``--agent http``)."""
+    return tool_choice.score(task, _chat_over_http(task, llm))
+
+
+@rollout
+def http_slow_tool_agent(task: dict[str, Any], llm: LLM) -> float:
+    """``http_agent``, whose chosen tool then takes SLOW_TOOL_S to answer before the reward is known."""
+    reward = float(http_agent(task, llm))
+    time.sleep(SLOW_TOOL_S)
     return reward
 
 
@@ -156,6 +210,7 @@ def http_mode(
     tis_cap: float | Literal["off"] | None = None,
     runners: int = ASYNC_RUNNERS,
     processes: int = 1,
+    client: Literal["sdk", "http"] = "sdk",
 ) -> ModeRun:
     """Seconds to reward EMA 0.8 through the full HTTP loop in ``mode``, with or without the slow tool.
 
@@ -163,9 +218,14 @@ def http_mode(
     own process their Python work shares the GIL with the learner, which then updated ~3x slower while rollouts ran
     (measured 0.77 s -> 2.44 s per update, 192 runner threads).
     """
-    agent = (
-        "bench.learning:slow_tool_agent" if slow_tool else "agentlightning_trainer.quickstart.agent:tool_choice_agent"
-    )
+    if client == "http":
+        agent = "bench.learning:http_slow_tool_agent" if slow_tool else "bench.learning:http_agent"
+    else:
+        agent = (
+            "bench.learning:slow_tool_agent"
+            if slow_tool
+            else "agentlightning_trainer.quickstart.agent:tool_choice_agent"
+        )
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         store = Path(tmp) / "store.db"
         # tis_cap None: the config's default for the mode (2.0 for async); "off": no importance correction.
@@ -208,6 +268,7 @@ def compare_modes(
     tools: str = "both",
     runners: int = ASYNC_RUNNERS,
     processes: int = 1,
+    client: Literal["sdk", "http"] = "sdk",
 ) -> None:
     """Sync vs async, with and without the slow tool, every seed; prints a table and the speed-ups."""
     table = Table(title=f"sync vs async LightningRL: wall s to train reward EMA >= {THRESHOLD} (tool choice, HTTP)")
@@ -221,7 +282,7 @@ def compare_modes(
         for seed in seeds:
             for mode in ("sync", "async"):
                 cap = tis_cap if mode == "async" else None
-                r = http_mode(seed, max_steps, epochs, mode, slow, max_staleness, cap, runners, processes)
+                r = http_mode(seed, max_steps, epochs, mode, slow, max_staleness, cap, runners, processes, client)
                 label = mode if mode == "sync" or tis_cap is None else f"async, tis_cap {tis_cap}"
                 console.print(
                     f"tool {tool}, {label}, seed {seed}: {r.steps} steps, {r.seconds:.1f} s, final reward "
@@ -286,6 +347,10 @@ def main() -> None:
     parser.add_argument("--tools", choices=("both", "slow", "none"), default="both", help="tool latencies to run")
     parser.add_argument("--runners", type=int, default=ASYNC_RUNNERS, help="runner workers of the modes, in all")
     parser.add_argument("--runner-processes", type=int, default=1, help="runner processes the workers are split over")
+    parser.add_argument(
+        "--agent", choices=("sdk", "http"), default="sdk",
+        help="the agent's chat client: the OpenAI SDK (default, the quickstart agent) or plain http.client",
+    )  # fmt: skip
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
@@ -294,7 +359,7 @@ def main() -> None:
     if args.compare_async:
         compare_modes(
             seeds, args.max_steps, args.http_epochs, args.max_staleness, console, tis_cap=args.tis_cap,
-            tools=args.tools, runners=args.runners, processes=args.runner_processes,
+            tools=args.tools, runners=args.runners, processes=args.runner_processes, client=args.agent,
         )  # fmt: skip
         return
     loops: dict[str, Callable[[int], Run]] = {}
