@@ -80,22 +80,23 @@ def _chat_over_http(task: dict[str, Any], llm: LLM) -> str:
         "temperature": llm.sampling.get("temperature", 1.0),
         "max_tokens": llm.sampling.get("max_tokens", 8),
     }
-    conn: http.client.HTTPConnection | None = getattr(_THREAD, "conn", None)
-    reused = conn is not None and (conn.host, conn.port) == (url.hostname, url.port)
-    if conn is None or not reused:
-        conn = _THREAD.conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=120)
     headers = {"content-type": "application/json"}
-    try:
-        conn.request("POST", f"{url.path.rstrip('/')}/chat/completions", json.dumps(body), headers)
-        response = conn.getresponse()
-    except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-        if not reused:
-            raise
-        # The server closed the idle keep-alive connection before it read the request: send it on a new one.
-        conn.close()
-        conn = _THREAD.conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=120)
-        conn.request("POST", f"{url.path.rstrip('/')}/chat/completions", json.dumps(body), headers)
-        response = conn.getresponse()
+    conn: http.client.HTTPConnection | None = getattr(_THREAD, "conn", None)
+    fresh = conn is None or (conn.host, conn.port) != (url.hostname, url.port)
+    while True:
+        if fresh or conn is None:
+            if conn is not None:
+                conn.close()
+            conn = _THREAD.conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=120)
+        try:
+            conn.request("POST", f"{url.path.rstrip('/')}/chat/completions", json.dumps(body), headers)
+            response = conn.getresponse()
+            break
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            if fresh:
+                raise
+            # The server closed the idle keep-alive connection before it read the request: send it on a new one.
+            fresh = True
     answer = json.loads(response.read())
     if response.status != 200:
         raise RuntimeError(f"chat call failed with {response.status}: {answer}")
