@@ -4,8 +4,8 @@ Not ``asyncio.to_thread`` or a ``ThreadPoolExecutor``: their threads are joined 
 hanging past its timeout would keep a stopped runner process alive forever. Not a fresh thread per rollout either:
 ``Thread.start`` holds the event loop while the OS creates the thread and then until the new thread first gets the
 GIL, which a busy runner process (192 agents) hands out every 5 ms at best. ``bench/agent_threads.py`` compares the
-three with 192 sync agents at once (2026-12-06: 2.28x the calls/s of a fresh thread per call at 0.45x its CPU per
-call and a fifth of its event-loop lag; 1.23x the executor's calls/s).
+three with 192 sync agents at once (2026-12-06: 2.68x the calls/s of a fresh thread per call at 0.39x its CPU per
+call and a fifth of its event-loop lag; 1.22x the executor's calls/s).
 """
 
 from __future__ import annotations
