@@ -438,6 +438,10 @@ class Policy:
         score_group = getattr(self.module, "score_group", None)
         if score_group is not None and not self.spec.gradient_checkpointing:
             return self._scores_by_prompt(score_group, prompts, responses, temperature, with_entropy=with_entropy)
+        if isinstance(self.module, TinyGPT):
+            shared = self._tiny_scores_shared(prompts, responses, temperature, with_entropy=with_entropy)
+            if shared is not None:
+                return shared
         r_max = max(len(r) for r in responses)
         # Left padding ends every response at the last column, so only the last r_max + 1 positions' logits are
         # needed: for a 49k-token vocabulary the full [B, T, V] logits would dominate the memory of a step.
@@ -478,6 +482,53 @@ class Policy:
             left_mask,
             entropy,
         )
+
+    def _tiny_scores_shared(
+        self,
+        prompts: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        temperature: float,
+        *,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """:meth:`_response_scores` of the tiny GPT in two batched passes: each distinct prompt once, then every
+        reply on a copy of its prompt's KV cache; None when no prompt repeats (or the padded rows would not fit).
+
+        GRPO scores K replies per prompt: with 35-token prompts and <= 8-token replies the full-sequence pass
+        computes ~4x the tokens. Gradients flow through the copied cache, so the result equals the full pass.
+        """
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        p_max, r_max = max(len(p) for p in distinct), max(len(r) for r in responses)
+        if len(distinct) == len(prompts) or r_max == 0 or p_max + r_max > self.max_seq_len:
+            return None
+        pad, device = self.tokenizer.pad_id, self.device
+        p_ids = torch.full((len(distinct), p_max), pad, dtype=torch.long)
+        p_mask = torch.zeros((len(distinct), p_max), dtype=torch.long)
+        for j, p in enumerate(distinct):  # left-padded: every prompt ends at the last column
+            p_ids[j, p_max - len(p) :] = torch.tensor(p, dtype=torch.long)
+            p_mask[j, p_max - len(p) :] = 1
+        r_ids = torch.full((len(prompts), r_max), pad, dtype=torch.long)
+        r_mask = torch.zeros((len(prompts), r_max), dtype=torch.long)
+        for i, r in enumerate(responses):  # right-padded: reply token j at column j, the callers' layout
+            r_ids[i, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+            r_mask[i, : len(r)] = 1
+        index = torch.tensor(rows, device=device)
+        p_ids, p_mask, r_ids, r_mask = p_ids.to(device), p_mask.to(device), r_ids.to(device), r_mask.to(device)
+        module: TinyGPT = self.module  # type: ignore[assignment]  # checked by the caller
+        p_logits, p_values, past = module.forward_cached(p_ids, p_mask, None)
+        past = [(k[index], v[index]) for k, v in past]
+        r_logits, r_values, _ = module.forward_cached(r_ids, torch.cat([p_mask[index], r_mask], dim=1), past)
+        # The prompt's last position predicts reply token 0; reply position j predicts token j + 1.
+        picked = torch.cat([p_logits[index, -1:], r_logits[:, :-1]], dim=1).float()
+        values = torch.cat([p_values[index, -1:], r_values[:, :-1]], dim=1).float()
+        if temperature > 0 and temperature != 1.0:
+            picked = picked / temperature
+        log_probs = torch.log_softmax(picked, dim=-1)
+        mask = r_mask.float()
+        logprobs = log_probs.gather(2, r_ids[:, :, None]).squeeze(2) * mask
+        entropy = entropy_of(log_probs) * mask if with_entropy else None
+        return logprobs, values * mask, mask, entropy
 
     def _scores_by_prompt(
         self,
