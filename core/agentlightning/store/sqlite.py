@@ -141,7 +141,9 @@ class SqliteLightningStore(LightningStore):
         self._checkpointer = WalCheckpointer(self.path, busy_timeout_s)
         # A store dropped without close() must not leave its thread behind.
         weakref.finalize(self, self._checkpointer.close)
-        self._writer = GroupCommitWriter(self._lock, self._txn, self._connection, self._checkpointer.kick)
+        self._writer = GroupCommitWriter(
+            self._lock, self._txn, self._connection, self._checkpointer.kick, busy_timeout_s
+        )
         self._reading = Reading(self._lock, self._txn, self._connection)
         with _NOTIFIERS_LOCK:
             self._notifier = _NOTIFIERS.setdefault(os.path.realpath(self.path), ChangeNotifier())

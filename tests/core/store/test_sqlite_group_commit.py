@@ -63,6 +63,61 @@ async def test_a_lone_write_commits_at_once(tmp_path: Path) -> None:
     await store.close()
 
 
+async def _ticking(stop: asyncio.Event, gaps: list[float]) -> None:
+    """Record how long each turn of the event loop took while ``stop`` is unset."""
+    last = time.perf_counter()
+    while not stop.is_set():
+        await asyncio.sleep(0.001)
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+
+
+@pytest.mark.parametrize("company", [1, 16])
+async def test_a_write_waits_for_another_process_lock_without_holding_the_loop(tmp_path: Path, company: int) -> None:
+    """Another connection's write transaction makes the store's writes wait, not its event loop (SQLite's busy
+    handler would sleep inside the call); they all commit once the lock is free."""
+    db = tmp_path / "locked.db"
+    store = SqliteLightningStore(db)
+    await store.enqueue_rollout("warm")  # the schema exists before the other connection locks the file
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    stop, gaps = asyncio.Event(), list[float]()
+    ticker = asyncio.create_task(_ticking(stop, gaps))
+    writes = asyncio.gather(*(store.enqueue_rollout(i) for i in range(company)))
+    await asyncio.sleep(0.3)
+    assert not writes.done()  # still waiting for the lock...
+    other.execute("COMMIT")  # ...which is released here
+    started = time.perf_counter()
+    rollouts = await writes
+    assert time.perf_counter() - started < 1.0
+    stop.set()
+    await ticker
+    other.close()
+    assert len(rollouts) == company
+    assert max(gaps) < 0.1  # the loop kept turning: a blocking wait would have held it for the whole 0.3 s
+    assert (await store.statistics()).total_rollouts == company + 1
+    await store.close()
+
+
+async def test_a_write_locked_out_past_the_busy_timeout_fails_and_the_next_one_lands(tmp_path: Path) -> None:
+    db = tmp_path / "timeout.db"
+    store = SqliteLightningStore(db, busy_timeout_s=0.2)
+    await store.enqueue_rollout("warm")
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    started = time.perf_counter()
+    with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+        await store.enqueue_rollout("blocked")
+    assert 0.2 <= time.perf_counter() - started < 2.0
+    other.execute("COMMIT")
+    other.close()
+    await store.enqueue_rollout("after")
+    inputs = [r.input for r in await store.query_rollouts()]
+    assert inputs == ["warm", "after"]  # the failed write left nothing behind
+    await store.close()
+
+
 async def test_combined_calls_commit_once(tmp_path: Path) -> None:
     store = SqliteLightningStore(tmp_path / "combined.db")
     await store.enqueue_rollout(1)
