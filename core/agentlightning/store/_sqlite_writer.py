@@ -206,13 +206,18 @@ class GroupCommitWriter:
                 f"database is locked: another connection held its write lock for over {self._busy_timeout_s:g} s"
             )
         self._locked_flushes += 1
+        pause = self._pause()
         with self._queue_lock:
             self._pending[:0] = keep
-            schedule = bool(self._pending) and loop not in self._armed
-            if schedule:
-                self._armed.add(loop)
-        if schedule:
-            loop.call_later(self._pause(), self._flush, loop)
+            # Every waiting caller's loop retries, so no write depends on another thread's loop still running.
+            idle = {w.loop for w in self._pending if w.loop not in self._armed}
+            self._armed.update(idle)
+        for other in idle:
+            if other is loop:
+                loop.call_later(pause, self._flush, loop)
+            else:
+                with contextlib.suppress(RuntimeError):  # that loop is closed: its callers stopped listening
+                    other.call_soon_threadsafe(other.call_later, pause, self._flush, other)
         self._tell(expired, loop)
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:

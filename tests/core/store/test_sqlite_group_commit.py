@@ -100,6 +100,38 @@ async def test_a_write_waits_for_another_process_lock_without_holding_the_loop(t
     await store.close()
 
 
+def test_writes_from_several_loops_wait_out_another_process_lock_and_all_land(tmp_path: Path) -> None:
+    """Writes of callers on different threads' loops, queued behind another connection's lock, all commit once it
+    is released, whichever loop's flush found them waiting."""
+    db = tmp_path / "loops.db"
+    store = SqliteLightningStore(db)
+    SyncLightningStore(store).enqueue_rollout("warm")
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    errors: list[BaseException] = []
+
+    def run(thread: int) -> None:
+        async def work() -> None:
+            await asyncio.gather(*(store.enqueue_rollout(f"{thread}-{i}") for i in range(8)))
+
+        try:
+            asyncio.run(work())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    assert all(thread.is_alive() for thread in threads)  # every caller is still waiting for the lock
+    other.execute("COMMIT")
+    other.close()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert errors == [] and not any(thread.is_alive() for thread in threads)
+    assert SyncLightningStore(store).statistics().total_rollouts == 1 + 4 * 8
+
+
 async def test_a_write_locked_out_past_the_busy_timeout_fails_and_the_next_one_lands(tmp_path: Path) -> None:
     db = tmp_path / "timeout.db"
     store = SqliteLightningStore(db, busy_timeout_s=0.2)
