@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sqlite3
 import threading
@@ -112,6 +113,8 @@ class GroupCommitWriter:
         self._busy_timeout_s = busy_timeout_s
         self._busy_pragma = f"PRAGMA busy_timeout = {max(0, round(busy_timeout_s * 1000))}"
         self._locked_flushes = 0  # flushes in a row that found the write lock taken (the next pause doubles)
+        # No per-use state: one serves every lone write; it begins without waiting for another process's lock.
+        self._transaction = WriteTransaction(lock, txn, connection, begin=functools.partial(self._begin, wait=False))
         self._queue_lock = threading.Lock()
         self._pending: list[_Write[Any]] = []
         # Loops with a flush scheduled; weak, so a loop closed before its flush ran is not kept alive.
@@ -156,17 +159,8 @@ class GroupCommitWriter:
         """Nothing is queued and nothing else could run first: one transaction, without the queue's bookkeeping.
 
         Raises :class:`_Locked`, having done nothing, when another connection holds the write lock."""
-        with self._lock:
-            conn = self._connection()
-            self._txn.reset()
-            self._begin(conn, wait=False)
-            try:
-                result = op()
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+        with self._transaction:
+            result = op()
         self._locked_flushes = 0
         self._committed()
         return result
@@ -333,15 +327,31 @@ class Reading:
 class WriteTransaction(Reading):
     """``BEGIN IMMEDIATE`` under the store lock on enter; ``COMMIT`` on a clean exit, ``ROLLBACK`` on an error.
 
-    For work outside group commit (migrations at open). Not re-entrant (the lock is not).
+    For migrations at open and group commit's lone writes, whose ``begin`` (run instead of the plain statement) does
+    not wait for another process's lock. Not re-entrant (the lock is not).
     """
 
-    __slots__ = ()
+    __slots__ = ("_begin",)
+
+    def __init__(
+        self,
+        lock: threading.Lock,
+        txn: SqliteTxn,
+        connection: Callable[[], sqlite3.Connection],
+        begin: Callable[[sqlite3.Connection], None] | None = None,
+    ) -> None:
+        """Write through ``txn`` under ``lock``, starting each transaction with ``begin`` (default ``BEGIN
+        IMMEDIATE``, waiting up to the connection's busy timeout)."""
+        super().__init__(lock, txn, connection)
+        self._begin = begin
 
     def __enter__(self) -> sqlite3.Connection:
         conn = super().__enter__()
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            if self._begin is None:
+                conn.execute("BEGIN IMMEDIATE")
+            else:
+                self._begin(conn)
         except BaseException:
             self._lock.release()
             raise
