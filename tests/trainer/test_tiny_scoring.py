@@ -16,16 +16,13 @@ def _scores(
 ) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """Scores and the gradients of their sum, through the shared-prompt path or the full-sequence one."""
     policy.module.zero_grad(set_to_none=True)
-    original = Policy._tiny_scores_shared
-    try:
+    with pytest.MonkeyPatch.context() as patch:
         if not shared:
-            Policy._tiny_scores_shared = lambda *_, **__: None  # type: ignore[method-assign]
+            patch.setattr(Policy, "_tiny_scores_shared", lambda *_, **__: None)
         if entropy:
             out = list(policy.response_scores_with_entropy(prompts, responses, temperature=0.7))
         else:
             out = list(policy.response_scores(prompts, responses, temperature=0.7))
-    finally:
-        Policy._tiny_scores_shared = original  # type: ignore[method-assign]
     sum(o.sum() for o in out if o.requires_grad).backward()  # type: ignore[union-attr]
     grads = {n: p.grad.clone() for n, p in policy.module.named_parameters() if p.grad is not None}
     return [o.detach() for o in out], grads
