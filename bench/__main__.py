@@ -23,7 +23,8 @@ from bench.compare import QUICK, ROOT, Comparison, Sizes, markdown_table, run_co
 
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "RESULTS.md"
-NOT_MODULES = {"__init__", "__main__", "_util", "compare"}
+# learning_agents: the agents bench.learning's runner processes load, not a benchmark.
+NOT_MODULES = {"__init__", "__main__", "_util", "compare", "learning_agents"}
 # Extra arguments per module beyond --quick: the learning benchmark's HTTP loop alone takes minutes.
 EXTRA_ARGS: dict[str, list[str]] = {"learning": ["--skip-http"]}
 # Modules whose framework conflicts with the main environment run in their own (see the Makefile).

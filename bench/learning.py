@@ -15,7 +15,9 @@ model's answer, before scoring) and with no latency. Goal: async >= 1.5x faster 
 the same final reward. The async runs use the mode's default ``tis_cap=2.0`` (truncated importance sampling,
 decoupled PPO: the ratio from the learner's weights, the served/learner importance weight capped); ``--tis-cap off``
 turns it off, ``--tis-cap X`` sets another cap; ``--tools slow|none`` runs one latency;
-``--runners N`` and ``--runner-processes P`` size the runner fleet (both modes alike; default 192 workers, 1 process).
+``--runners N`` and ``--runner-processes P`` size the runner fleet (both modes alike; default 1 process of
+``(max_staleness + 1) x tasks_per_step x samples_per_task`` workers, 384 at the defaults: the fleet
+``docs/algorithm.md`` prescribes for async training, of which sync mode keeps 192 busy).
 ``--agent http`` makes the agent's chat call over plain ``http.client`` instead of the OpenAI SDK, whose client code
 is most of the runner process's CPU here.
 """
@@ -51,7 +53,7 @@ from bench.learning_agents import SLOW_TOOL_S
 
 THRESHOLD = 0.8
 TARGET_HTTP_S = 180.0
-ASYNC_RUNNERS = 192  # one runner per rollout of a step: a sleeping tool costs a thread, not a core
+ROLLOUTS_PER_STEP = 12 * 16  # the config's default tasks_per_step x samples_per_task
 
 
 def _config(seed: int, max_steps: int, **overrides: object) -> LightningRLConfig:
@@ -152,6 +154,12 @@ class _TimedHistory(list[StepMetrics]):
         super().append(record)
 
 
+def fleet_size(max_staleness: int) -> int:
+    """Runner workers that can run every rollout async mode keeps in flight: a sleeping tool costs a thread, not a
+    core, and a smaller fleet would cap how far collection runs ahead of the learner."""
+    return (max_staleness + 1) * ROLLOUTS_PER_STEP
+
+
 def http_mode(
     seed: int,
     max_steps: int,
@@ -160,7 +168,7 @@ def http_mode(
     slow_tool: bool,
     max_staleness: int,
     tis_cap: float | Literal["off"] | None = None,
-    runners: int = ASYNC_RUNNERS,
+    runners: int | None = None,
     processes: int = 1,
     client: Literal["sdk", "http"] = "sdk",
 ) -> ModeRun:
@@ -168,8 +176,10 @@ def http_mode(
 
     The runners are one ``agl runner`` process on the run's SQLite store, as a fleet is deployed: in the trainer's
     own process their Python work shares the GIL with the learner, which then updated ~3x slower while rollouts ran
-    (measured 0.77 s -> 2.44 s per update, 192 runner threads).
+    (measured 0.77 s -> 2.44 s per update, 192 runner threads). ``runners`` None: the async fleet of
+    :func:`fleet_size`, in both modes.
     """
+    runners = fleet_size(max_staleness) if runners is None else runners
     if client == "http":
         agent = "bench.learning_agents:http_slow_tool_agent" if slow_tool else "bench.learning_agents:http_agent"
     else:
@@ -221,7 +231,7 @@ def compare_modes(
     *,
     tis_cap: float | Literal["off"] | None = None,
     tools: str = "both",
-    runners: int = ASYNC_RUNNERS,
+    runners: int | None = None,
     processes: int = 1,
     client: Literal["sdk", "http"] = "sdk",
 ) -> None:
@@ -308,7 +318,9 @@ def main() -> None:
         "--tis-cap", type=_tis_cap, default=None, help="tis_cap of the async runs: a number or 'off' (default: 2.0)"
     )
     parser.add_argument("--tools", choices=("both", "slow", "none"), default="both", help="tool latencies to run")
-    parser.add_argument("--runners", type=int, default=ASYNC_RUNNERS, help="runner workers of the modes, in all")
+    parser.add_argument(
+        "--runners", type=int, default=None, help="runner workers of both modes (default: (max_staleness + 1) x 192)"
+    )
     parser.add_argument("--runner-processes", type=int, default=1, help="runner processes the workers are split over")
     parser.add_argument(
         "--agent", choices=("sdk", "http"), default="sdk",

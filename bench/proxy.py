@@ -108,32 +108,32 @@ def _spawn(role: str, upstream_port: int = 0) -> tuple[subprocess.Popen[str], in
     return process, int(line[1]), line[2]
 
 
-async def _latencies(port: int, path: str, calls: int) -> list[float]:
+async def _latencies(port: int, path: str, calls: int, body: bytes = BODY) -> list[float]:
     client = await RawClient.connect(port)
     try:
         for _ in range(min(200, calls)):  # warm-up: connections, caches, code paths
-            await client.post(path, BODY)
+            await client.post(path, body)
         samples: list[float] = []
         for _ in range(calls):
             began = time.perf_counter()
-            await client.post(path, BODY)
+            await client.post(path, body)
             samples.append(time.perf_counter() - began)
         return samples
     finally:
         client.close()
 
 
-async def _throughput(port: int, path: str, clients: int, seconds: float) -> float:
+async def _throughput(port: int, path: str, clients: int, seconds: float, body: bytes = BODY) -> float:
     connections = [await RawClient.connect(port) for _ in range(clients)]
     for connection in connections:
-        await connection.post(path, BODY)
+        await connection.post(path, body)
     done = 0
     deadline = time.perf_counter() + seconds
 
     async def worker(client: RawClient) -> None:
         nonlocal done
         while time.perf_counter() < deadline:
-            await client.post(path, BODY)
+            await client.post(path, body)
             done += 1
 
     began = time.perf_counter()

@@ -15,7 +15,8 @@ between batches, so no response mixes two versions. Bind it to loopback only: th
 With ``--proxy-store`` the same process also serves the LLM proxy (on ``--proxy-port``, forwarding to this server)
 and records its spans into that SQLite store: the proxy's per-call work (parsing, span building, store writes) then
 runs beside generation instead of in the trainer's process, whose one interpreter also runs the runners and the
-learner (bench/learning.py: the HTTP loop is bound by that process's CPU).
+learner (bench/learning.py: the HTTP loop is bound by that process's CPU). The proxy calls the generating routes in
+process (policy_transport.py; ``--proxy-over-http`` sends them over loopback instead, for comparison).
 
 Run: ``python -m agentlightning_trainer.policy_server --spec spec.json --weights w.pt --port 8000``.
 """
@@ -38,7 +39,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import torch
@@ -49,6 +50,7 @@ from pydantic import BaseModel, Field
 from agentlightning.semconv import HEADER_POLICY_VERSION
 from agentlightning_trainer.batches import agent_model_name
 from agentlightning_trainer.config import PolicySpec
+from agentlightning_trainer.policy_transport import BodyHandler, PolicyAppTransport
 from agentlightning_trainer.responses_api import chat_choice_to_response, chat_request_of, response_stream
 from agentlightning_trainer.tool_calls import (
     GUIDED_CALL_CLOSE,
@@ -340,15 +342,15 @@ def create_policy_app(
             completion["prompt_token_ids"] = prompt
         return completion, version
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
+    async def answer_chat(raw: bytes) -> Response:
+        """The answer to a chat completions request body."""
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except ValueError:
             return _error(400, "request body is not JSON", "invalid_json")
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list) or not body["messages"]:
             return _error(400, "chat completions need a non-empty 'messages' list", "invalid_messages")
-        result = await complete_chat(body)
+        result = await complete_chat(cast(dict[str, Any], body))
         if isinstance(result, Response):
             return result
         completion, version = result
@@ -357,11 +359,11 @@ def create_policy_app(
             return StreamingResponse(_as_stream(completion), media_type="text/event-stream", headers=out_headers)
         return JSONResponse(completion, headers=out_headers)
 
-    @app.post("/v1/responses")
-    async def responses(request: Request) -> Response:
-        """The Responses API (the OpenAI Agents SDK's default), generated as the chat request it amounts to."""
+    async def answer_responses(raw: bytes) -> Response:
+        """The answer to a Responses API request body (the OpenAI Agents SDK's default), generated as the chat
+        request it amounts to."""
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except ValueError:
             return _error(400, "request body is not JSON", "invalid_json")
         try:
@@ -377,6 +379,19 @@ def create_policy_app(
         if body.get("stream"):
             return StreamingResponse(response_stream(answer), media_type="text/event-stream", headers=out_headers)
         return JSONResponse(answer, headers=out_headers)
+
+    # The generating routes by path, for the co-hosted LLM proxy's in-process transport (policy_transport.py).
+    answers: dict[str, BodyHandler] = {"/v1/chat/completions": answer_chat, "/v1/responses": answer_responses}
+    app.state.answers = answers
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await answer_chat(await request.body())
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        """The Responses API (the OpenAI Agents SDK's default)."""
+        return await answer_responses(await request.body())
 
     return app
 
@@ -459,13 +474,15 @@ class PolicyServerProcess:
         startup_timeout_s: float = 120.0,
         log_file: Path | None = None,
         proxy_store: Path | None = None,
+        proxy_in_process: bool = True,
     ) -> None:
         """Remember how to start the server; :meth:`start` (or ``with``) launches it.
 
         ``weights``: a state-dict file to serve, or None for the spec's own weights (a HF model as it is).
         ``spec_file``: where the spec is written for the child (default: next to ``weights``).
         ``proxy_store``: a SQLite store file; the process then also serves the LLM proxy in front of the policy
-        (see :attr:`proxy_url`), recording into that store.
+        (see :attr:`proxy_url`), recording into that store; it calls the policy in process (policy_transport.py), or
+        over loopback HTTP with ``proxy_in_process=False``.
         """
         self.spec = spec
         self.weights = weights
@@ -482,6 +499,7 @@ class PolicyServerProcess:
         self.log_file = log_file
         self.proxy_store = proxy_store
         self.proxy_port = free_port() if proxy_store is not None else None
+        self.proxy_in_process = proxy_in_process
         self._proc: subprocess.Popen[bytes] | None = None
         self._client: httpx.Client | None = None
 
@@ -513,6 +531,8 @@ class PolicyServerProcess:
             cmd += ["--weights", str(self.weights)]
         if self.proxy_store is not None:
             cmd += ["--proxy-store", str(self.proxy_store), "--proxy-port", str(self.proxy_port)]
+            if not self.proxy_in_process:
+                cmd.append("--proxy-over-http")
         if self.log_file is not None:
             with open(self.log_file, "ab") as out:  # the child keeps its own copy of the descriptor
                 self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -624,13 +644,15 @@ async def _exit_with_parent(parent_pid: int, stop_all: Callable[[], None], poll_
     stop_all()
 
 
-def _add_proxy(app: FastAPI, store_path: str, upstream: str) -> Any:
-    """The LLM proxy app in front of ``upstream`` recording into the SQLite store at ``store_path``; ``app`` gets
-    ``POST /admin/proxy/flush`` and reports ``proxy_ready`` on ``/health`` once the proxy serves."""
+def _add_proxy(app: FastAPI, store_path: str, upstream: str, *, in_process: bool = True) -> Any:
+    """The LLM proxy app in front of ``app`` (served at ``upstream``) recording into the SQLite store at
+    ``store_path``, calling ``app``'s generating routes in process unless ``in_process`` is False (then over HTTP);
+    ``app`` gets ``POST /admin/proxy/flush`` and reports ``proxy_ready`` on ``/health`` once the proxy serves."""
     from agentlightning.proxy import create_proxy_app, flush_proxy_spans
     from agentlightning.store.sqlite import SqliteLightningStore
 
-    proxy_app = create_proxy_app(SqliteLightningStore(store_path), upstream)
+    transport = PolicyAppTransport(app.state.answers) if in_process else None
+    proxy_app = create_proxy_app(SqliteLightningStore(store_path), upstream, upstream_transport=transport)
 
     @app.post("/admin/proxy/flush")
     async def flush_proxy() -> JSONResponse:
@@ -652,6 +674,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--proxy-store", help="also serve the LLM proxy, recording into this SQLite store file")
     parser.add_argument("--proxy-port", type=int, default=4748, help="port of the LLM proxy (with --proxy-store)")
+    parser.add_argument(
+        "--proxy-over-http",
+        action="store_true",
+        help="the proxy calls the policy over loopback HTTP, not in process (to compare: bench.cohosted_proxy)",
+    )
     parser.add_argument("--parent-pid", type=int, help="exit when this process (the trainer) is gone")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -665,7 +692,8 @@ def main(argv: list[str] | None = None) -> None:
     app = create_policy_app(policy, version=args.version, seed=args.seed)
     servers = [_uvicorn_server(app, args.host, args.port)]
     if args.proxy_store:
-        proxy_app = _add_proxy(app, args.proxy_store, f"http://127.0.0.1:{args.port}/v1")
+        upstream = f"http://127.0.0.1:{args.port}/v1"
+        proxy_app = _add_proxy(app, args.proxy_store, upstream, in_process=not args.proxy_over_http)
         servers.append(_uvicorn_server(proxy_app, "127.0.0.1", args.proxy_port))
         app.state.proxy_server = servers[1]
     asyncio.run(_serve_all(servers, args.parent_pid))

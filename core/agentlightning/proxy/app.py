@@ -283,6 +283,7 @@ class LLMProxy:
         id_cache_ttl_s: float,
         span_batch_size: int,
         forward_agent_auth: bool = True,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not (math.isfinite(upstream_timeout_s) and upstream_timeout_s > 0):
             raise ValueError(
@@ -308,7 +309,7 @@ class LLMProxy:
         self._replayable_extensions: dict[str, Any] = {**self._extensions, REPLAYABLE_EXTENSION: True}
         self._urls: dict[str, httpx.URL] = {}
         self._client: httpx.AsyncClient | None = None
-        self._transport: httpx.AsyncBaseTransport | None = None
+        self._transport: httpx.AsyncBaseTransport | None = transport
         self._known: dict[tuple[str, str], float] = {}
         self._ttl = id_cache_ttl_s
         # What to add per endpoint; turned off for good when the upstream rejects a field by name.
@@ -326,7 +327,8 @@ class LLMProxy:
 
     @property
     def transport(self) -> httpx.AsyncBaseTransport:
-        """The client's connection pool: lean HTTP/1.1 for ``http://`` upstreams, httpx's own for ``https://``."""
+        """The transport given, else a connection pool: lean HTTP/1.1 for ``http://`` upstreams, httpx's own for
+        ``https://``."""
         if self._transport is None:
             if self.upstream.startswith("http://"):
                 self._transport = LeanHTTPTransport()
@@ -638,6 +640,7 @@ def create_proxy_app(
     id_cache_ttl_s: float = 10.0,
     span_batch_size: int = 256,
     token: str | None = None,
+    upstream_transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """The LLM proxy as an ASGI app forwarding to ``upstream_url`` and recording LLM spans into ``store``.
 
@@ -665,6 +668,11 @@ def create_proxy_app(
     ``token`` makes every route but ``GET /health`` require ``Authorization: Bearer <token>`` (agents pass it as
     their OpenAI API key); the agent's header is then never forwarded, and the upstream gets ``upstream_api_key``.
     ``GET /metrics`` serves Prometheus counters of spans written and dropped.
+
+    ``upstream_transport`` carries the calls to ``upstream_url`` instead of the proxy's own HTTP/1.1 pool: a server
+    that hosts the proxy in the upstream's process passes one that calls the upstream's handlers directly (the
+    policy server's ``PolicyAppTransport``). It gets requests for ``upstream_url``'s URLs, as the pool would, and is
+    closed with the app.
     """
     proxy = LLMProxy(
         store,
@@ -677,6 +685,7 @@ def create_proxy_app(
         id_cache_ttl_s=id_cache_ttl_s,
         span_batch_size=span_batch_size,
         forward_agent_auth=token is None,
+        transport=upstream_transport,
     )
 
     @asynccontextmanager
