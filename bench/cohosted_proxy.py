@@ -22,7 +22,7 @@ from agentlightning.store.sqlite import SqliteLightningStore
 from agentlightning.types import RolloutRequest
 from agentlightning_trainer import tool_choice
 from agentlightning_trainer.config import PolicySpec
-from agentlightning_trainer.policy_server import PolicyServerProcess
+from agentlightning_trainer.policy_process import PolicyServerProcess
 from bench.proxy import _cpu_s, _latencies, _quantile, _throughput  # pyright: ignore[reportPrivateUsage]
 
 CLIENTS = 32

@@ -30,7 +30,7 @@ from agentlightning_trainer import lightning_rl, tool_choice
 from agentlightning_trainer.async_rollouts import RolloutPipeline
 from agentlightning_trainer.config import LightningRLConfig, PolicySpec
 from agentlightning_trainer.lightning_rl import LightningRL
-from agentlightning_trainer.policy_server import PolicyServerProcess
+from agentlightning_trainer.policy_process import PolicyServerProcess
 from agentlightning_trainer.torch_backend.policy import Policy
 
 REPO = Path(__file__).resolve().parents[2]

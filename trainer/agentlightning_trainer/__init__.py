@@ -16,7 +16,7 @@ _EXPORTS: dict[str, str] = {
     "PolicySpec": "agentlightning_trainer.config",
     "Policy": "agentlightning_trainer.torch_backend.policy",
     "TorchLearner": "agentlightning_trainer.torch_backend.learner",
-    "PolicyServerProcess": "agentlightning_trainer.policy_server",
+    "PolicyServerProcess": "agentlightning_trainer.policy_process",
     "create_policy_app": "agentlightning_trainer.policy_server",
     "train_in_process": "agentlightning_trainer.inprocess",
     "evaluate_greedy": "agentlightning_trainer.inprocess",
@@ -61,7 +61,8 @@ if TYPE_CHECKING:
     from agentlightning_trainer.lightning_rl import LightningRL
     from agentlightning_trainer.metrics import MetricsLogger, StepMetrics
     from agentlightning_trainer.plotting import plot_reward_curve
-    from agentlightning_trainer.policy_server import PolicyServerProcess, create_policy_app
+    from agentlightning_trainer.policy_process import PolicyServerProcess
+    from agentlightning_trainer.policy_server import create_policy_app
     from agentlightning_trainer.sequence import Sequential
     from agentlightning_trainer.sft import SFT, SFTConfig
     from agentlightning_trainer.torch_backend.learner import TorchLearner

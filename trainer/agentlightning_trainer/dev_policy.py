@@ -16,7 +16,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from agentlightning_trainer.config import PolicySpec
-from agentlightning_trainer.policy_server import PolicyServerProcess
+from agentlightning_trainer.policy_process import PolicyServerProcess
 
 __all__ = ["policy_spec_from", "serve_dev_policy"]
 

@@ -18,7 +18,7 @@ from rich.console import Console
 from agentlightning.algorithm import Algorithm
 from agentlightning.store.base import LightningStore
 from agentlightning_trainer.config import PolicySpec
-from agentlightning_trainer.policy_server import PolicyServerProcess
+from agentlightning_trainer.policy_process import PolicyServerProcess
 from agentlightning_trainer.torch_backend.learner import TorchLearner, load_initial_weights
 from agentlightning_trainer.torch_backend.policy import Policy
 
