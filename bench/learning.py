@@ -251,8 +251,9 @@ def compare_modes(
                 r = http_mode(seed, max_steps, epochs, mode, slow, max_staleness, cap, runners, processes, client)
                 label = mode if mode == "sync" or tis_cap is None else f"async, tis_cap {tis_cap}"
                 console.print(
-                    f"tool {tool}, {label}, seed {seed}: {r.steps} steps, {r.seconds:.1f} s, final reward "
-                    f"{r.final_reward:.2f}, {r.dropped} stale groups dropped, runner idle {r.runner_idle:.0%}, "
+                    f"tool {tool}, {label}, seed {seed}: {r.steps} steps, {r.seconds:.1f} s ({r.fit_s:.1f} s with "
+                    f"the shutdown), final reward {r.final_reward:.2f}, {r.dropped} stale groups dropped, runner idle "
+                    f"{r.runner_idle:.0%}, "
                     f"learner idle {r.learner_idle:.0%}, load {r.load[0]:.1f}-{r.load[1]:.1f}"
                 )
                 table.add_row(
