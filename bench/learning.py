@@ -53,7 +53,6 @@ from bench.learning_agents import SLOW_TOOL_S
 
 THRESHOLD = 0.8
 TARGET_HTTP_S = 180.0
-ROLLOUTS_PER_STEP = 12 * 16  # the config's default tasks_per_step x samples_per_task
 
 
 def _config(seed: int, max_steps: int, **overrides: object) -> LightningRLConfig:
@@ -154,10 +153,10 @@ class _TimedHistory(list[StepMetrics]):
         super().append(record)
 
 
-def fleet_size(max_staleness: int) -> int:
+def fleet_size(config: LightningRLConfig) -> int:
     """Runner workers that can run every rollout async mode keeps in flight: a sleeping tool costs a thread, not a
     core, and a smaller fleet would cap how far collection runs ahead of the learner."""
-    return (max_staleness + 1) * ROLLOUTS_PER_STEP
+    return (config.max_staleness + 1) * config.tasks_per_step * config.samples_per_task
 
 
 def http_mode(
@@ -179,7 +178,6 @@ def http_mode(
     (measured 0.77 s -> 2.44 s per update, 192 runner threads). ``runners`` None: the async fleet of
     :func:`fleet_size`, in both modes.
     """
-    runners = fleet_size(max_staleness) if runners is None else runners
     if client == "http":
         agent = "bench.learning_agents:http_slow_tool_agent" if slow_tool else "bench.learning_agents:http_agent"
     else:
@@ -193,6 +191,7 @@ def http_mode(
         # tis_cap None: the config's default for the mode (2.0 for async); "off": no importance correction.
         cap = {} if tis_cap is None else {"tis_cap": None if tis_cap == "off" else tis_cap}
         config = _config(seed, max_steps, epochs=epochs, mode=mode, max_staleness=max_staleness, **cap)
+        runners = fleet_size(config) if runners is None else runners
         algorithm = LightningRL(config, run_dir=Path(tmp), show_progress=False)
         timed = algorithm.history = _TimedHistory()
         with _Meter() as meter:
